@@ -1,0 +1,144 @@
+"""What happens once SGLang is imported in a process: config, run identity, instrumentation.
+
+Processes that never build a Scheduler (the launcher, the detokenizer) only record the launch
+environment for their children and register import hooks; the exporter and its thread start in
+a process the first time it has something to send (a scheduler's identity or an NCCL init).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Any, Optional
+
+from sgl_probe import config, envsnap
+from sgl_probe.recorder import Recorder
+
+log = logging.getLogger("sgl_probe")
+
+RUN_ID_VAR = "SGL_PROBE_RUN_ID"
+
+_PROBE: Optional["Probe"] = None
+
+
+def _setup_logging() -> None:
+    if getattr(log, "_sgl_probe_handler", False):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s sgl-probe pid " + str(os.getpid()) + "] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log._sgl_probe_handler = True
+
+
+def ensure_run_id(environ: Optional[dict] = None) -> str:
+    """The launching process picks the run id; spawned workers inherit it through the env."""
+    env = os.environ if environ is None else environ
+    run_id = env.get(RUN_ID_VAR)
+    if not run_id:
+        run_id = "%s-%s" % (time.strftime("%Y%m%dT%H%M%S"), uuid.uuid4().hex[:12])
+        env[RUN_ID_VAR] = run_id
+    return run_id
+
+
+def sglang_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        return None
+
+
+class Probe:
+    def __init__(self, cfg: config.Config, start_env: Optional[dict] = None) -> None:
+        from sgl_probe.instrument import Instrumentor
+
+        self.cfg = cfg
+        self.run_id = ensure_run_id()
+        envsnap.record_launcher_env(cfg.env_allow)
+        self.version = sglang_version()
+        self.recorder = Recorder(cfg.timer, cfg.max_pending, log)
+        self.instrumentor = Instrumentor(self, version=self.version)
+        self.ident: dict[str, Any] = {}
+        self.pipeline = None
+        self._start_env = start_env if start_env is not None else dict(os.environ)
+        self._start_ns = time.time_ns()
+        self._start_sent = False
+        self._nccl_sent = False
+
+    # -- pipeline ---------------------------------------------------------------------------
+    def ensure_pipeline(self):
+        if self.pipeline is None:
+            from sgl_probe.export import Pipeline
+
+            self.pipeline = Pipeline(self.recorder, self.cfg, self.run_id, self.ident, self.version)
+            self.pipeline.start()
+        return self.pipeline
+
+    def _send_process_start(self) -> None:
+        if self._start_sent:
+            return
+        self._start_sent = True
+        attrs = envsnap.snapshot_attributes("process_start", self.cfg.env_allow, self._start_env)
+        self.ensure_pipeline().emit_env(attrs, self._start_ns)
+
+    # -- hooks (called from instrument wrappers, before the original runs) -------------------
+    def on_identity(self, hook, wrapped, args: tuple, kwargs: dict) -> None:
+        """``Scheduler.__init__``: learn ranks and spec settings before NCCL is initialised."""
+        from sgl_probe.identity import read_identity, read_spec
+
+        ident = read_identity(wrapped, args, kwargs)
+        self.ident.update(ident)
+        self.recorder.spec.update(read_spec(args, kwargs))
+        self._send_process_start()
+
+    def on_nccl_init(self, hook, wrapped, args: tuple, kwargs: dict) -> None:
+        """First communicator in this process: NCCL reads its variables now, so snapshot now."""
+        if self._nccl_sent:
+            return
+        self._nccl_sent = True
+        self._send_process_start()
+        attrs = envsnap.snapshot_attributes("nccl_init", self.cfg.env_allow)
+        attrs["sgl_probe.snapshot_trigger"] = hook.target.name
+        backend = kwargs.get("backend", args[0] if args and isinstance(args[0], str) else None)
+        if backend is not None:
+            attrs["sgl_probe.dist_backend"] = str(backend)
+        self.ensure_pipeline().emit_env(attrs, time.time_ns())
+
+
+def get_probe() -> Optional[Probe]:
+    return _PROBE
+
+
+def _after_fork_in_child() -> None:
+    probe = _PROBE
+    if probe is None:
+        return
+    probe.recorder.reset_after_fork()
+    if probe.pipeline is not None:
+        probe.pipeline = None
+        probe._start_sent = probe._nccl_sent = False
+
+
+def activate(start_env: Optional[dict] = None) -> Optional[Probe]:
+    """Idempotent; returns the process's probe, or None when disabled."""
+    global _PROBE
+    if _PROBE is not None:
+        return _PROBE
+    _setup_logging()
+    cfg = config.load()
+    if not cfg.enabled:
+        return None
+    if start_env is None:
+        from sgl_probe import _arm
+
+        start_env = _arm.START_ENV
+    _PROBE = Probe(cfg, start_env)
+    _PROBE.instrumentor.instrument()
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    return _PROBE

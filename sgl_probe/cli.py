@@ -1,0 +1,92 @@
+"""``sgl-probe``: ``doctor`` (which targets resolve in the installed SGLang) and ``run`` (any
+command with the probe active through PYTHONPATH, like ``opentelemetry-instrument``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+
+def startup_dir() -> str:
+    """The directory holding the PYTHONPATH ``sitecustomize.py`` (shipped inside the package)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    packaged = os.path.join(here, "_startup")
+    if os.path.isfile(os.path.join(packaged, "sitecustomize.py")):
+        return packaged
+    return os.path.join(os.path.dirname(here), "sitecustomize")  # source checkout
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from sgl_probe import _arm
+
+    _arm.disarm()  # inspect SGLang without instrumenting this process
+    from sgl_probe.activate import sglang_version
+    from sgl_probe.instrument import check_targets
+
+    version = sglang_version()
+    if version is None:
+        msg = "sglang is not installed in this Python (%s)" % sys.executable
+        if args.json:
+            print(json.dumps({"sglang_version": None, "targets": [], "error": msg}))
+        else:
+            print("sgl-probe doctor: " + msg)
+        return 2
+    rows = check_targets(version=version)
+    missing = [r for r in rows if r["expected"] and not r["resolved"]]
+    if args.json:
+        print(json.dumps({"sglang_version": version, "targets": rows}, indent=1))
+    else:
+        print(f"sgl-probe doctor: SGLang {version} ({sys.executable})")
+        width = max(len(r["target"]) for r in rows) if rows else 10
+        for r in rows:
+            state = "resolved" if r["resolved"] else "MISSING"
+            note = "" if r["expected"] else "  (not expected in this version)"
+            print(f"  {r['phase']:<13} {r['target']:<{width}}  {state}{note}")
+            if r.get("error"):
+                print(f"  {'':<13} ! {r['error']}")
+        print(f"{len(rows) - len(missing)} resolved, {len(missing)} missing")
+    return 1 if missing else 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("sgl-probe run: give a command, e.g. sgl-probe run -- python -m sglang.launch_server ...",
+              file=sys.stderr)
+        return 2
+    from sgl_probe import config, envsnap
+    from sgl_probe.activate import ensure_run_id
+
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = startup_dir() + (os.pathsep + path if path else "")
+    ensure_run_id(env)
+    envsnap.record_launcher_env(config.load(env).env_allow, env)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        print(f"sgl-probe run: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="sgl-probe", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    doc = sub.add_parser("doctor", help="show which SGLang targets resolve in this environment")
+    doc.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    doc.set_defaults(func=cmd_doctor)
+    run = sub.add_parser("run", help="run a command with the probe active (PYTHONPATH sitecustomize)")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    run.set_defaults(func=cmd_run)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

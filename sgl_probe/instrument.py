@@ -1,0 +1,261 @@
+"""Apply and remove the target table with wrapt; one wrapper shape per role.
+
+Every wrapper obeys the same rule: the probe's own work sits in ``try`` blocks that, on any
+error, log one line and switch that hook off. SGLang's call itself runs exactly once, with its
+own arguments, and its exceptions propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any, Callable, Optional
+
+import wrapt
+
+from sgl_probe import readers
+from sgl_probe.targets import TARGETS, Target, by_module
+
+log = logging.getLogger("sgl_probe")
+
+
+class Hook:
+    """One applied (or attempted) target."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.enabled = True
+        self.resolved = False
+        self.owner: Any = None
+        self.attr: Optional[str] = None
+        self.original: Any = None
+
+    def fail(self, exc: BaseException) -> None:
+        if self.enabled:
+            self.enabled = False
+            log.error("sgl-probe: hook %s disabled after an internal error: %r (SGLang is unaffected)",
+                      self.target.name, exc)
+
+
+def resolve(module: Any, qualname: str) -> tuple[Any, Optional[str]]:
+    """(owner, attribute) when ``qualname`` is defined directly on its owner, else (None, None).
+
+    Inherited attributes do not count: wrapping them on a subclass would time the base twice."""
+    owner = module
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None, None
+    attr = parts[-1]
+    if attr not in vars(owner):
+        return None, None
+    return owner, attr
+
+
+def _step_wrapper(probe, hook: Hook) -> Callable:
+    target = hook.target
+
+    def wrapper(wrapped, instance, args, kwargs):
+        rec = probe.recorder
+        tls = rec.tls
+        if not hook.enabled or tls.step is not None:
+            return wrapped(*args, **kwargs)
+        try:
+            st = rec.begin_step(target, args, kwargs)
+        except Exception as exc:
+            hook.fail(exc)
+            return wrapped(*args, **kwargs)
+        tls.step = st
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException as exc:
+            st.error = exc
+            raise
+        finally:
+            tls.step = None
+            tls.phase = None
+            try:
+                rec.end_step(st)
+            except Exception as exc:
+                hook.fail(exc)
+
+    return wrapper
+
+
+def _phase_wrapper(probe, hook: Hook) -> Callable:
+    target = hook.target
+    enter = readers.ENTER[target.reader]
+    leave = readers.LEAVE.get(target.reader)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        rec = probe.recorder
+        tls = rec.tls
+        st = tls.step
+        # Outside a scheduler step (startup warmup, graph capture) or nested inside another
+        # phase (verify -> target forward): not a phase of its own.
+        if st is None or tls.phase is not None or not hook.enabled:
+            return wrapped(*args, **kwargs)
+        try:
+            ph = rec.begin_phase(st, target, enter, args, kwargs)
+        except Exception as exc:
+            hook.fail(exc)
+            ph = None
+        if ph is None:
+            return wrapped(*args, **kwargs)
+        tls.phase = ph
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            tls.phase = None
+            try:
+                rec.end_phase(st, ph, None, None, exc)
+            except Exception as inner:
+                hook.fail(inner)
+            raise
+        tls.phase = None
+        try:
+            rec.end_phase(st, ph, leave, result, None)
+        except Exception as exc:
+            hook.fail(exc)
+        return result
+
+    return wrapper
+
+
+def _graph_wrapper(probe, hook: Hook) -> Callable:
+    def wrapper(wrapped, instance, args, kwargs):
+        ph = probe.recorder.tls.phase
+        if ph is not None:
+            ph.graph_hook = True
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _before_wrapper(action: Callable[[Hook, Any, tuple, dict], None], hook: Hook) -> Callable:
+    """Run ``action`` before the call (identity, NCCL snapshot)."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if hook.enabled:
+            try:
+                action(hook, wrapped, args, kwargs)
+            except Exception as exc:
+                hook.fail(exc)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _after_wrapper(action: Callable[[tuple, dict], None], hook: Hook) -> Callable:
+    """Run ``action`` after a successful call (accept-length sink: counts are final by then)."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        if hook.enabled:
+            try:
+                action(args, kwargs)
+            except Exception as exc:
+                hook.fail(exc)
+        return result
+
+    return wrapper
+
+
+def make_wrapper(probe, hook: Hook) -> Callable:
+    role = hook.target.role
+    if role == "step":
+        return _step_wrapper(probe, hook)
+    if role == "phase":
+        return _phase_wrapper(probe, hook)
+    if role == "graph":
+        return _graph_wrapper(probe, hook)
+    if role == "accept":
+        return _after_wrapper(probe.recorder.accept, hook)
+    if role == "identity":
+        return _before_wrapper(probe.on_identity, hook)
+    if role == "nccl_init":
+        return _before_wrapper(probe.on_nccl_init, hook)
+    raise ValueError(f"unknown role {role!r} in the target table")
+
+
+class Instrumentor:
+    """Applies the table lazily (post-import hooks) and can remove it again."""
+
+    def __init__(self, probe, targets: tuple[Target, ...] = TARGETS, version: Optional[str] = None) -> None:
+        self.probe = probe
+        self.targets = targets
+        self.version = version
+        self.hooks: list[Hook] = []
+        self._registered = False
+
+    def instrument(self) -> None:
+        if self._registered:
+            return
+        self._registered = True
+        for module_name, targets in by_module(self.targets).items():
+            wrapt.register_post_import_hook(self._make_on_import(targets), module_name)
+
+    def _make_on_import(self, targets: list[Target]) -> Callable:
+        def on_import(module: Any) -> None:
+            missing = []
+            for t in targets:
+                try:
+                    if not self.apply(t, module) and t.expected_in(self.version):
+                        missing.append(t.qualname)
+                except Exception as exc:
+                    log.error("sgl-probe: could not wrap %s: %r", t.name, exc)
+            if missing:
+                log.warning("sgl-probe: SGLang %s: %s has no %s; those phases will not be recorded",
+                            self.version or "?", module.__name__, ", ".join(missing))
+
+        return on_import
+
+    def apply(self, target: Target, module: Any) -> bool:
+        owner, attr = resolve(module, target.qualname)
+        if owner is None:
+            return False
+        current = vars(owner)[attr]
+        if getattr(current, "_self_sgl_probe_hook", None) is not None:
+            return True  # already ours (second activation path, e.g. SGLang's plugin loader)
+        hook = Hook(target)
+        wrapt.wrap_function_wrapper(owner, attr, make_wrapper(self.probe, hook))
+        wrapped = vars(owner)[attr]
+        wrapped._self_sgl_probe_hook = hook
+        hook.owner, hook.attr, hook.original, hook.resolved = owner, attr, current, True
+        self.hooks.append(hook)
+        return True
+
+    def uninstrument(self) -> None:
+        """Put every original back (the wrappers stay harmless if someone kept a reference)."""
+        for hook in reversed(self.hooks):
+            current = vars(hook.owner).get(hook.attr)
+            if getattr(current, "_self_sgl_probe_hook", None) is hook:
+                setattr(hook.owner, hook.attr, hook.original)
+            hook.enabled = False
+        self.hooks.clear()
+
+
+def check_targets(targets: tuple[Target, ...] = TARGETS, version: Optional[str] = None) -> list[dict]:
+    """For ``sgl-probe doctor``: import each module and report every expected target (plus any
+    unexpected one that exists)."""
+    rows = []
+    modules: dict[str, Any] = {}
+    for t in targets:
+        if t.module not in modules:
+            try:
+                modules[t.module] = importlib.import_module(t.module)
+            except Exception as exc:
+                modules[t.module] = exc
+        mod = modules[t.module]
+        resolved = not isinstance(mod, Exception) and resolve(mod, t.qualname)[0] is not None
+        expected = t.expected_in(version)
+        if not expected and not resolved:
+            continue
+        for phase in t.phases:
+            row = {"phase": phase, "role": t.role, "target": t.name, "resolved": resolved,
+                   "expected": expected}
+            if isinstance(mod, Exception):
+                row["error"] = f"{type(mod).__name__}: {mod}"
+            rows.append(row)
+    return rows

@@ -1,0 +1,171 @@
+"""Read facts from a wrapped SGLang call: forward mode, batch size, token count, graph flag.
+
+These run on the scheduler's hot path, so they only touch Python attributes and tensor shapes
+(``len(seq_lens)`` reads the shape, never the data: no device sync). Each reader copes with the
+argument spellings of every supported version; the table in :mod:`sgl_probe.targets` names
+which reader serves which target.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+#: Modes that mean "prefill" for span purposes. TARGET_VERIFY is deliberately absent even though
+#: SGLang's own ``is_extend()`` is true for it: filing graph-less verifies as extend is exactly
+#: the misreading this tool exists to prevent.
+EXTEND_MODES = frozenset({"EXTEND", "MIXED", "PREBUILT", "SPLIT_PREFILL", "DLLM_EXTEND"})
+
+
+class Facts:
+    """What a reader learns on entry; ``phase`` None means "do not record this call"."""
+
+    __slots__ = ("phase", "mode", "batch_size", "num_tokens")
+
+    def __init__(self, phase: Optional[str], mode: Optional[str], batch_size: Optional[int],
+                 num_tokens: Optional[int]) -> None:
+        self.phase = phase
+        self.mode = mode
+        self.batch_size = batch_size
+        self.num_tokens = num_tokens
+
+
+def mode_name(batch: Any) -> Optional[str]:
+    fm = getattr(batch, "forward_mode", None)
+    return getattr(fm, "name", None) if fm is not None else None
+
+
+def batch_size(batch: Any) -> Optional[int]:
+    seq_lens = getattr(batch, "seq_lens", None)
+    if seq_lens is not None:
+        try:
+            return len(seq_lens)
+        except TypeError:
+            pass
+    bs = getattr(batch, "batch_size", None)
+    if callable(bs):
+        bs = bs()
+    return bs if isinstance(bs, int) else None
+
+
+def extend_tokens(batch: Any) -> Optional[int]:
+    n = getattr(batch, "extend_num_tokens", None)
+    if isinstance(n, int):
+        return n
+    lens = getattr(batch, "extend_seq_lens_cpu", None) or getattr(batch, "extend_lens", None)
+    if isinstance(lens, (list, tuple)):
+        return int(sum(lens))
+    return None
+
+
+def _first_batch(args: tuple, kwargs: dict) -> Any:
+    if args:
+        return args[0]
+    for key in ("batch", "model_worker_batch", "schedule_batch"):
+        if key in kwargs:
+            return kwargs[key]
+    return None
+
+
+def _phase_for_mode(mode: Optional[str]) -> Optional[str]:
+    if mode == "DECODE":
+        return "decode"
+    if mode in EXTEND_MODES:
+        return "extend"
+    if mode == "TARGET_VERIFY":
+        return "verify"
+    if mode is not None and mode.startswith("DRAFT_EXTEND"):
+        return "draft_extend"
+    return None  # IDLE and anything unknown: not a timed phase
+
+
+def _tokens_for(phase: Optional[str], batch: Any, bs: Optional[int], spec: dict) -> Optional[int]:
+    if phase == "extend" or (phase == "draft_extend" and mode_name(batch) in EXTEND_MODES):
+        return extend_tokens(batch)
+    if bs is None:
+        return None
+    if phase in ("verify", "draft_extend"):
+        return bs * int(spec.get("num_draft_tokens") or 1)
+    if phase == "draft":
+        return bs * int(spec.get("topk") or 1) * int(spec.get("num_steps") or 1)
+    return bs
+
+
+def step(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
+    batch = _first_batch(args, kwargs)
+    mode = mode_name(batch)
+    bs = batch_size(batch)
+    tokens = extend_tokens(batch) if mode in EXTEND_MODES else bs
+    return Facts("step", mode, bs, tokens)
+
+
+def forward(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
+    """``TpModelWorker.forward_batch_generation(batch, forward_batch=None, pp_proxy_tensors=None,
+    is_verify=False, ...)``; batch is None when a spec worker hands over a ForwardBatch."""
+    batch = _first_batch(args, kwargs)
+    if batch is None:
+        batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
+    mode = mode_name(batch)
+    is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False) is True
+    phase = "verify" if is_verify else _phase_for_mode(mode)
+    if phase == "verify":
+        mode = "TARGET_VERIFY"
+    bs = batch_size(batch)
+    return Facts(phase, mode, bs, _tokens_for(phase, batch, bs, spec))
+
+
+def spec_call(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
+    """EAGLE draft / draft-extend / verify methods: ``(self, batch, ...)``. SGLang mutates the
+    batch's forward mode inside these calls, so the table's mode wins over what is seen now."""
+    batch = _first_batch(args, kwargs)
+    phase = target.phases[0]
+    bs = batch_size(batch)
+    return Facts(phase, target.mode or mode_name(batch), bs, _tokens_for(phase, batch, bs, spec))
+
+
+def result_graph_attr(result: Any) -> Optional[bool]:
+    """GenerationBatchResult.can_run_cuda_graph (0.5.5+), ModelRunnerOutput.can_run_graph."""
+    for name in ("can_run_cuda_graph", "can_run_graph"):
+        val = getattr(result, name, None)
+        if isinstance(val, bool):
+            return val
+    return None
+
+
+def result_graph_v1_verify(result: Any) -> Optional[bool]:
+    """EAGLEWorker.verify returns (logits, verify_output, model_worker_batch, can_run_cuda_graph)."""
+    if isinstance(result, tuple) and len(result) >= 4 and isinstance(result[3], bool):
+        return result[3]
+    return result_graph_attr(result)
+
+
+def accept_length(args: tuple, kwargs: dict) -> Optional[tuple[int, float]]:
+    """SGLang's accept length for one verify step, bonus token included: (bs, length).
+
+    0.5.5-0.5.14: ``update_spec_metrics(bs, num_accepted_drafts)`` -> (n + bs) / bs.
+    0.5.23: ``update_spec_metrics(bs, num_correct_drafts, num_accept_tokens, ...)`` -> tokens / bs.
+    """
+    bs = args[0] if args else kwargs.get("bs")
+    if not isinstance(bs, int) or bs <= 0:
+        return None
+    accept_tokens = kwargs.get("num_accept_tokens", args[2] if len(args) > 2 else None)
+    if isinstance(accept_tokens, int):
+        return bs, accept_tokens / bs
+    drafts = args[1] if len(args) > 1 else kwargs.get("num_accepted_tokens", kwargs.get("num_correct_drafts"))
+    if isinstance(drafts, int):
+        return bs, (drafts + bs) / bs
+    return None
+
+
+EnterReader = Callable[[Any, tuple, dict, dict], Facts]
+ENTER: dict[str, EnterReader] = {
+    "step": step,
+    "forward": forward,
+    "spec_call": spec_call,
+    "verify_v1": spec_call,
+    "verify_v2": spec_call,
+}
+LEAVE: dict[str, Callable[[Any], Optional[bool]]] = {
+    "forward": result_graph_attr,
+    "verify_v1": result_graph_v1_verify,
+    "verify_v2": result_graph_attr,
+}

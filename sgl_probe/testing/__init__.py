@@ -1,0 +1,1 @@
+"""Test helpers for sgl-probe (e.g. ``sgl_probe.testing.receiver.OTLPReceiver``); not used at runtime."""

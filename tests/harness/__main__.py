@@ -1,0 +1,46 @@
+"""``python -m tests.harness build [VERSION ...]``: prebuild venvs and the tiny model.
+
+Run from the repo root. Defaults to every known version. The model is always
+built with the 0.5.23 venv (see model.py), so that venv is built too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .model import ensure_tiny_model
+from .venv import HARNESS_DIR, VERSIONS, ensure_venv
+
+MODEL_BUILDER_VERSION = "0.5.23"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.harness")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    build = sub.add_parser("build", help="build the harness venvs and the tiny model")
+    # no argparse `choices`: with nargs="*" it rejects the empty default on 3.11
+    build.add_argument("versions", nargs="*", default=list(VERSIONS),
+                       help=f"sglang versions (default: all of {', '.join(VERSIONS)})")
+    args = ap.parse_args(argv)
+    unknown = [v for v in args.versions if v not in VERSIONS]
+    if unknown:
+        ap.error(f"unknown version(s) {unknown}; known: {', '.join(VERSIONS)}")
+
+    print(f"harness dir: {HARNESS_DIR}")
+    t_all = time.monotonic()
+    versions = list(dict.fromkeys([MODEL_BUILDER_VERSION, *args.versions]))
+    for version in versions:
+        t0 = time.monotonic()
+        venv = ensure_venv(version)
+        print(f"venv {version}: {venv} ({time.monotonic() - t0:.0f}s)", flush=True)
+    t0 = time.monotonic()
+    model = ensure_tiny_model(HARNESS_DIR / f"venv-{MODEL_BUILDER_VERSION}")
+    print(f"model: {model} ({time.monotonic() - t0:.0f}s)")
+    print(f"total: {time.monotonic() - t_all:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Build and cache the tiny random Llama the SGLang servers load.
+
+Stdlib only (runs under the test runner's Python); the actual model writing is
+done by ``make_tiny_model.py`` with a harness venv's Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .venv import HARNESS_DIR, _log, file_lock, venv_python
+
+MAKE_TINY_MODEL = Path(__file__).resolve().parent / "make_tiny_model.py"
+MODEL_MARKER = ".harness-complete"
+
+
+def ensure_tiny_model(venv: Path, name: str = "tiny-llama", layers: int = 2) -> Path:
+    """Return ``HARNESS_DIR/models/<name>``, building it with ``venv`` on first use.
+
+    Build it with the 0.5.23 venv (transformers 5); the directory also loads
+    under 0.5.9 (transformers 4). Whichever venv builds it first wins: a cached
+    model is not rebuilt for a different venv, only for different parameters,
+    so all versions see the same weights. ``harness_reference.json`` in the
+    directory holds HF greedy ids for a reference prompt.
+    """
+    models = HARNESS_DIR / "models"
+    out = models / name
+    spec = json.dumps({"layers": layers, "script": MAKE_TINY_MODEL.read_text()}, sort_keys=True)
+    with file_lock(models / f"{name}.lock"):
+        marker = out / MODEL_MARKER
+        if marker.exists() and marker.read_text() == spec:
+            return out
+        # write to a temp dir and rename: a model dir either is complete or absent
+        tmp = models / f".{name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        _log(f"building model {out} ({layers} layers) with {venv}")
+        t0 = time.monotonic()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        proc = subprocess.run(
+            [str(venv_python(venv)), str(MAKE_TINY_MODEL), str(tmp), "--layers", str(layers)],
+            env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        )
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"make_tiny_model.py failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
+        (tmp / MODEL_MARKER).write_text(spec)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        _log(f"built model {out} in {time.monotonic() - t0:.0f}s")
+    return out
+
+
+def reference(model: Path) -> dict:
+    """HF transformers' greedy result recorded when the model was built."""
+    return json.loads((Path(model) / "harness_reference.json").read_text())

@@ -55,15 +55,16 @@ def sglang_version() -> Optional[str]:
 
 
 class Probe:
-    def __init__(self, cfg: config.Config, start_env: Optional[dict] = None) -> None:
+    def __init__(self, cfg: config.Config, start_env: Optional[dict] = None, targets=None) -> None:
         from sgl_probe.instrument import Instrumentor
+        from sgl_probe.targets import TARGETS
 
         self.cfg = cfg
         self.run_id = ensure_run_id()
         envsnap.record_launcher_env(cfg.env_allow)
         self.version = sglang_version()
         self.recorder = Recorder(cfg.timer, cfg.max_pending, log)
-        self.instrumentor = Instrumentor(self, version=self.version)
+        self.instrumentor = Instrumentor(self, TARGETS if targets is None else targets, self.version)
         self.ident: dict[str, Any] = {}
         self.pipeline = None
         self._start_env = start_env if start_env is not None else dict(os.environ)

@@ -116,8 +116,9 @@ class Recorder:
 
     def end_phase(self, st: StepRecord, ph: PhaseRecord, leave, result: Any,
                   error: Optional[BaseException]) -> None:
-        ph.t_end = self.timer.stop(ph.t_start, 0)
-        ph.host1 = perf_counter_ns()
+        now = perf_counter_ns()
+        ph.t_end = self.timer.stop(ph.t_start, now)
+        ph.host1 = now
         ph.error = error
         if leave is not None and error is None:
             ph.graph = leave(result)

@@ -1,0 +1,228 @@
+"""The probe's real machinery (wrappers, recorder, span builder, exporters) driven in-process
+through a target table of the test's own, against a real OTLP receiver on a socket."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from sgl_probe import config
+from sgl_probe.activate import Probe
+from sgl_probe.targets import Target
+from sgl_probe.testing.receiver import OTLPReceiver
+from tests import workload
+from tests.workload import Batch, ForwardMode
+
+M = "tests.workload"
+TABLE = (
+    Target("step", ("step",), M, "Scheduler.run_batch", "step"),
+    Target("identity", ("identity",), M, "Scheduler.__init__", "identity"),
+    Target("phase", ("decode", "extend"), M, "Worker.forward_batch_generation", "forward"),
+    Target("graph", ("graph",), M, "GraphRunner.replay", "graph"),
+)
+
+
+@pytest.fixture
+def receiver():
+    with OTLPReceiver() as rcv:
+        yield rcv
+
+
+def make_probe(monkeypatch, env: dict, targets=TABLE) -> Probe:
+    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME", "SGL_PROBE_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    env = {"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_DRAIN_S": "0.05", "OTEL_BSP_SCHEDULE_DELAY": "50", **env}
+    for key, val in env.items():
+        monkeypatch.setenv(key, val)
+    probe = Probe(config.load(), targets=targets)
+    probe.instrumentor.instrument()
+    return probe
+
+
+@pytest.fixture
+def probe_factory(monkeypatch):
+    made = []
+
+    def factory(env: dict, targets=TABLE) -> Probe:
+        probe = make_probe(monkeypatch, env, targets)
+        made.append(probe)
+        return probe
+
+    yield factory
+    for probe in made:
+        probe.instrumentor.uninstrument()
+        if probe.pipeline is not None:
+            probe.pipeline.shutdown()
+
+
+def run_steps(sched: workload.Scheduler, n_decode: int = 3) -> None:
+    sched.run_batch(Batch(ForwardMode.EXTEND, 2, extend_tokens=11))
+    for _ in range(n_decode):
+        sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    sched.run_batch(Batch(ForwardMode.IDLE, 0))
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_phase_spans_over_otlp(receiver, probe_factory, protocol):
+    probe = probe_factory({**receiver.env(protocol), "NCCL_PROTO": "LL"})
+    sched = workload.Scheduler(None, tp_rank=1, pp_rank=0, dp_rank=None)
+    run_steps(sched)
+    probe.pipeline.flush()
+    spans = receiver.wait_for(lambda s: sum(x.name == "sglang.decode" for x in s) >= 3, timeout=10)
+    steps = [s for s in spans if s.name == "sglang.step"]
+    extend = [s for s in spans if s.name == "sglang.extend"]
+    decode = [s for s in spans if s.name == "sglang.decode"]
+    assert len(steps) == 4 and len(extend) == 1 and len(decode) == 3  # the idle step sends nothing
+    by_id = {s.span_id: s for s in steps}
+    for child in extend + decode:
+        parent = by_id[child.parent_span_id]
+        assert parent.trace_id == child.trace_id
+        assert parent.start_ns <= child.start_ns <= child.end_ns <= parent.end_ns
+        a = child.attributes
+        assert a["sgl_probe.timer"] == "cpu"
+        assert a["sglang.tp_rank"] == 1 and a["sglang.dp_rank"] == 0 and a["sglang.pp_rank"] == 0
+        assert a["sglang.batch_size"] == 2
+        assert 1.5 < a["sgl_probe.duration_ms"] < 500  # the workload spins 2 ms
+        assert abs(a["sgl_probe.duration_ms"] - child.duration_ms) < 0.01
+        assert child.transport == ("grpc" if protocol == "grpc" else "http")
+    assert extend[0].attributes["sglang.forward_mode"] == "EXTEND"
+    assert extend[0].attributes["sglang.num_tokens"] == 11
+    assert extend[0].attributes["sglang.cuda_graph"] is False
+    assert all(d.attributes["sglang.cuda_graph"] is True for d in decode)
+    assert all(d.attributes["sglang.num_tokens"] == 2 for d in decode)
+    assert len({s.trace_id for s in steps}) == 4
+    res = steps[0].resource
+    assert res["service.name"] == "sglang" and res["sglang.tp_rank"] == 1
+    env = [s for s in spans if s.name == "sgl_probe.env_snapshot"]
+    assert [e.attributes["sgl_probe.snapshot_point"] for e in env] == ["process_start"]
+
+
+def test_trace_ids_shared_across_processes_of_one_run(probe_factory, receiver):
+    """Ranks of one server agree on the trace id of step N because it is derived, not random."""
+    from sgl_probe.spans import derived_trace_id
+
+    probe = probe_factory(receiver.env("grpc"))
+    sched = workload.Scheduler(None, tp_rank=0)
+    run_steps(sched, n_decode=1)
+    probe.pipeline.flush()
+    spans = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 2, timeout=10)
+    steps = sorted((s for s in spans if s.name == "sglang.step"),
+                   key=lambda s: s.attributes["sglang.step_index"])
+    for s in steps:
+        want = derived_trace_id(probe.run_id, "dp0", "step", s.attributes["sglang.step_index"])
+        assert s.trace_id == "%032x" % want
+
+
+def test_wrapped_exception_propagates_and_marks_span(probe_factory, receiver):
+    probe = probe_factory(receiver.env("grpc"))
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.fail_on = ForwardMode.DECODE
+    with pytest.raises(RuntimeError, match="boom from the workload"):
+        sched.run_batch(Batch(ForwardMode.DECODE, 1))
+    sched.run_batch(Batch(ForwardMode.EXTEND, 1, extend_tokens=3))  # still works afterwards
+    probe.pipeline.flush()
+    spans = receiver.wait_for(lambda s: any(x.name == "sglang.extend" for x in s), timeout=10)
+    bad = [s for s in spans if s.name == "sglang.decode"][0]
+    assert bad.status_code == 2 and "boom from the workload" in bad.status_message
+    assert bad.events and bad.events[0]["name"] == "exception"
+    step = [s for s in spans if s.span_id == bad.parent_span_id][0]
+    assert step.status_code == 2
+
+
+def test_probe_failure_disables_hook_not_sglang(probe_factory, receiver, monkeypatch, caplog):
+    from sgl_probe import readers
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("probe bug")
+
+    monkeypatch.setitem(readers.ENTER, "forward", broken)
+    probe = probe_factory(receiver.env("grpc"))
+    sched = workload.Scheduler(None, tp_rank=0)
+    monkeypatch.setattr(logging.getLogger("sgl_probe"), "propagate", True)
+    with caplog.at_level(logging.INFO, logger="sgl_probe"):
+        results = [sched.run_batch(Batch(ForwardMode.DECODE, 1)) for _ in range(3)]
+    assert all(r.can_run_cuda_graph is True for r in results)
+    lines = [r for r in caplog.records if "disabled after an internal error" in r.getMessage()]
+    assert len(lines) == 1 and "ZeroDivisionError" in lines[0].getMessage()
+    hook = [h for h in probe.instrumentor.hooks if h.target.reader == "forward"][0]
+    assert hook.enabled is False
+
+
+def test_uninstrument_restores_originals(probe_factory):
+    original = vars(workload.Worker)["forward_batch_generation"]
+    probe = probe_factory({})
+    assert vars(workload.Worker)["forward_batch_generation"] is not original
+    probe.instrumentor.uninstrument()
+    assert vars(workload.Worker)["forward_batch_generation"] is original
+
+
+def test_never_wraps_twice(probe_factory):
+    probe = probe_factory({})
+    wrapped_once = vars(workload.Worker)["forward_batch_generation"]
+    for t in TABLE:
+        assert probe.instrumentor.apply(t, workload) is True
+    assert vars(workload.Worker)["forward_batch_generation"] is wrapped_once
+    assert len(probe.instrumentor.hooks) == len(TABLE)
+
+
+def test_secrets_never_exported(probe_factory, receiver):
+    probe = probe_factory({**receiver.env("http/protobuf"), "HF_TOKEN": "hf_SECRETVALUE123",
+                           "MY_API_KEY": "sk-SECRETVALUE456", "NCCL_IB_PASSWORD": "pw-SECRETVALUE789",
+                           "SGL_PROBE_ENV_ALLOW": "MY_API_KEY,HF_*", "NCCL_PROTO": "LL"})
+    probe._start_env = dict(__import__("os").environ)
+    sched = workload.Scheduler(None, tp_rank=0)
+    run_steps(sched, n_decode=1)
+    probe.pipeline.flush()
+    spans = receiver.wait_for(lambda s: any(x.name == "sgl_probe.env_snapshot" for x in s), timeout=10)
+    env = [s for s in spans if s.name == "sgl_probe.env_snapshot"][0].attributes
+    assert env["env.NCCL_PROTO"] == "LL"
+    assert set(env["sgl_probe.env.withheld"]) >= {"HF_TOKEN", "MY_API_KEY", "NCCL_IB_PASSWORD"}
+    blob = b"".join(receiver.raw_payloads())
+    assert b"NCCL_PROTO" in blob
+    for secret in (b"SECRETVALUE123", b"SECRETVALUE456", b"SECRETVALUE789"):
+        assert secret not in blob
+
+
+def test_unreachable_endpoint_does_not_block_steps(probe_factory):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    probe = probe_factory({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{port}",
+                           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    t0 = time.perf_counter()
+    for _ in range(300):
+        sched.run_batch(Batch(ForwardMode.DECODE, 1))
+    per_step_ms = (time.perf_counter() - t0) / 300 * 1e3
+    assert per_step_ms < 5, per_step_ms  # pure bookkeeping; an export stall would cost seconds
+    t0 = time.perf_counter()
+    probe.pipeline.shutdown(timeout_s=2.0)
+    assert time.perf_counter() - t0 < 3.0
+
+
+def test_trace_dir_writes_otlp_json_lines(probe_factory, tmp_path):
+    import json
+    import os
+
+    probe = probe_factory({"SGL_PROBE_TRACE_DIR": str(tmp_path)})
+    sched = workload.Scheduler(None, tp_rank=0)
+    run_steps(sched, n_decode=2)
+    probe.pipeline.flush()
+    path = tmp_path / ("sgl-probe-%d.jsonl" % os.getpid())
+    lines = path.read_text().splitlines()
+    names, ids = [], []
+    for line in lines:
+        msg = json.loads(line)
+        for rs in msg["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    names.append(sp["name"])
+                    ids.append(sp["traceId"])
+    assert names.count("sglang.decode") == 2 and names.count("sglang.extend") == 1
+    assert all(len(i) == 32 and int(i, 16) for i in ids)

@@ -1,0 +1,55 @@
+"""Build sgl-probe's wheel once per test session and install it the way a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.harness.venv import HARNESS_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_wheel(out_dir: Path | None = None) -> Path:
+    """``pip wheel`` of the checkout (a fresh build each session: the code under test changes)."""
+    out = Path(out_dir or tempfile.mkdtemp(prefix="sgl-probe-wheel-"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                   check=True, stdout=subprocess.DEVNULL)
+    wheels = sorted(out.glob("sgl_probe-*.whl"))
+    assert wheels, f"no wheel in {out}"
+    return wheels[-1]
+
+
+def pip_install(venv: Path, *args: str, constraints: Path | None = None) -> None:
+    cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if constraints is not None:
+        cmd += ["-c", str(constraints)]
+    subprocess.run(cmd + list(args), check=True)
+
+
+def install_wheel(venv: Path, wheel: Path) -> None:
+    """Into an SGLang harness venv: reinstall sgl-probe only, keep the venv's torch pin."""
+    pins = venv / "harness-constraints.txt"  # holds the CPU torch pin (see venv.py)
+    pip_install(venv, "--force-reinstall", "--no-deps", str(wheel))
+    pip_install(venv, str(wheel), constraints=pins if pins.exists() else None)
+
+
+def fresh_venv(path: Path, wheel: Path | None) -> Path:
+    """A bare venv, with only the wheel (and its dependencies) when one is given."""
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    if wheel is not None:
+        pip_install(path, str(wheel))
+    return path
+
+
+def site_packages_of(venv: Path) -> Path:
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip())
+
+
+__all__ = ["build_wheel", "install_wheel", "fresh_venv", "site_packages_of", "HARNESS_DIR", "ROOT"]

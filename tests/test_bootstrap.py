@@ -1,0 +1,122 @@
+"""The built wheel in fresh venvs: the startup hook reaches spawn children, survives a shadowing
+sitecustomize, stays out with SGL_PROBE=0, and imports nothing heavy before SGLang.
+
+The activation trigger is observed by importing a placeholder package *named* ``sglang`` (an
+empty directory with an ``__init__.py``): what is tested here is only that the first import of
+that name activates the probe. The real server tests use the real SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.harness.wheel import ROOT, build_wheel, fresh_venv, site_packages_of
+
+CHILD_SCRIPT = textwrap.dedent("""
+    import json, multiprocessing as mp, os, sys
+
+    def report(q, do_import):
+        import sgl_probe._arm as arm
+        before = {m: m in sys.modules for m in ("wrapt", "opentelemetry", "torch")}
+        if do_import:
+            import sglang  # placeholder package: see the test module's docstring
+        from sgl_probe import activate
+        q.put({"armed": arm._ARMED, "trigger": arm._TRIGGER in sys.meta_path, "heavy_before": before,
+               "activated": activate.get_probe() is not None,
+               "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
+               "other_ran": os.environ.get("OTHER_SITECUSTOMIZE_RAN") == "1",
+               "run_id": os.environ.get("SGL_PROBE_RUN_ID")})
+
+    if __name__ == "__main__":
+        mp.set_start_method("spawn")
+        q = mp.Queue()
+        p = mp.Process(target=report, args=(q, len(sys.argv) > 1))
+        p.start()
+        print(json.dumps(q.get(timeout=60)))
+        p.join()
+""")
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("bootstrap")
+    wheel = build_wheel(base / "wheel")
+    with_probe = fresh_venv(base / "with", wheel)
+    fake = base / "placeholder"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("")
+    other = base / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE_RAN'] = '1'\n")
+    script = base / "child.py"
+    script.write_text(CHILD_SCRIPT)
+    return {"with": with_probe, "fake": fake, "other": other, "script": script}
+
+
+def run_child(venv: Path, script: Path, env_extra: dict, do_import: bool, prefix: list[str] = ()) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGL_PROBE", "PYTHONPATH"))}
+    env.update(env_extra)
+    cmd = [*prefix, str(venv / "bin" / "python"), str(script)] + (["import"] if do_import else [])
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=script.parent)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_wheel_installs_startup_files(venvs):
+    sp = site_packages_of(venvs["with"])
+    assert (sp / "sgl_probe.pth").read_text().startswith("import sgl_probe._arm")
+    assert (sp / "sgl_probe.start").read_text().strip() == "sgl_probe._arm:arm"
+    assert (sp / "sgl_probe" / "_startup" / "sitecustomize.py").is_file()
+
+
+def test_spawn_child_is_armed_but_loads_nothing_heavy(venvs):
+    got = run_child(venvs["with"], venvs["script"], {}, do_import=False)
+    assert got["armed"] and got["trigger"] and not got["activated"]
+    assert got["heavy_before"] == {"wrapt": False, "opentelemetry": False, "torch": False}
+
+
+def test_first_sglang_import_activates_in_spawn_child(venvs):
+    got = run_child(venvs["with"], venvs["script"], {"PYTHONPATH": str(venvs["fake"])}, do_import=True)
+    assert got["armed"] and got["activated"] and not got["trigger"]
+    assert got["run_id"]  # the activated child created one
+
+
+def test_pth_runs_even_when_another_sitecustomize_comes_first(venvs):
+    path = os.pathsep.join([str(venvs["other"]), str(venvs["fake"])])
+    got = run_child(venvs["with"], venvs["script"], {"PYTHONPATH": path}, do_import=True)
+    assert got["other_ran"] and got["armed"] and got["activated"]
+    assert got["sitecustomize"].startswith(str(venvs["other"]))
+
+
+def test_sgl_probe_run_chains_the_shadowed_sitecustomize(venvs):
+    path = os.pathsep.join([str(venvs["other"]), str(venvs["fake"])])
+    cli = str(venvs["with"] / "bin" / "sgl-probe")
+    got = run_child(venvs["with"], venvs["script"], {"PYTHONPATH": path, "SGL_PROBE_RUN_ID": ""},
+                    do_import=True, prefix=[cli, "run", "--"])
+    assert "sgl_probe/_startup/sitecustomize.py" in got["sitecustomize"]
+    assert got["other_ran"], "the sitecustomize shadowed by sgl-probe's must still run"
+    assert got["armed"] and got["activated"] and got["run_id"]
+
+
+def test_sgl_probe_0_keeps_it_out(venvs):
+    got = run_child(venvs["with"], venvs["script"], {"PYTHONPATH": str(venvs["fake"]), "SGL_PROBE": "0"},
+                    do_import=True)
+    assert not got["armed"] and not got["trigger"] and not got["activated"]
+
+
+def test_source_checkout_sitecustomize_without_install(tmp_path, venvs):
+    """PYTHONPATH=<checkout>/sitecustomize alone (no wheel installed) arms the probe too."""
+    bare = fresh_venv(tmp_path / "bare", None)
+    path = os.pathsep.join([str(ROOT / "sitecustomize"), str(venvs["other"])])
+    probe = subprocess.run([str(bare / "bin" / "python"), "-c",
+                            "import sys, os, sgl_probe._arm as a; print(a._ARMED, os.environ.get('OTHER_SITECUSTOMIZE_RAN'))"],
+                           env={**{k: v for k, v in os.environ.items() if not k.startswith("SGL_PROBE")},
+                                "PYTHONPATH": path}, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["True", "1"]

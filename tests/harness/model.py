@@ -6,6 +6,7 @@ done by ``make_tiny_model.py`` with a harness venv's Python.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -30,7 +31,8 @@ def ensure_tiny_model(venv: Path, name: str = "tiny-llama", layers: int = 2) -> 
     """
     models = HARNESS_DIR / "models"
     out = models / name
-    spec = json.dumps({"layers": layers, "script": MAKE_TINY_MODEL.read_text()}, sort_keys=True)
+    script_digest = hashlib.sha256(MAKE_TINY_MODEL.read_bytes()).hexdigest()[:16]
+    spec = json.dumps({"layers": layers, "script": script_digest}, sort_keys=True)
     with file_lock(models / f"{name}.lock"):
         marker = out / MODEL_MARKER
         if marker.exists() and marker.read_text() == spec:

@@ -6,6 +6,7 @@ venv (see ``venv.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,6 +95,11 @@ class SGLangServer:
     settings (``SGLANG_USE_CPU_ENGINE=1``, offline HF, and for tp > 1
     ``SGLANG_CPU_OMP_THREADS_BIND``), then ``env`` on top; a ``None`` value in
     ``env`` removes the variable, so a test may deliberately drop a default.
+
+    Numerics: with the checkpoint's bf16, tp=2 (gloo all-reduce) can pick a
+    different greedy token than tp=1 where the random model's top logits
+    nearly tie. Pass ``extra_args=("--dtype", "float32")`` when a test compares
+    ids across tp sizes; tp=1 bf16 already matches HF transformers and 0.5.9.
     """
 
     def __init__(
@@ -151,6 +157,7 @@ class SGLangServer:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_fh: Any = None
+        self._stopped = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -202,31 +209,34 @@ class SGLangServer:
             return False
 
     def stop(self) -> int | None:
-        """Terminate the whole process group; returns the launcher's exit code."""
+        """Terminate the whole process group; returns the launcher's exit code.
+
+        Idempotent. sglang's launcher answers SIGTERM by SIGKILLing its own
+        process tree, so the code is usually -9; stopping takes ~5 s.
+        """
         proc = self.proc
         if proc is None:
             return None
-        pgid = proc.pid  # == pgid thanks to start_new_session
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            proc.poll()  # reap the launcher, or it stays a group member as a zombie
-            if not _pgid_alive(pgid):
-                break
-            time.sleep(0.2)
-        else:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        rc = proc.wait()
-        if self._log_fh is not None:
-            self._log_fh.close()
-            self._log_fh = None
-        return rc
+        if not self._stopped:
+            self._stopped = True
+            pgid = proc.pid  # == pgid thanks to start_new_session
+            if proc.poll() is None or _pgid_alive(pgid):  # launcher may have died, leaving children
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGTERM)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    proc.poll()  # reap the launcher, or it stays a group member as a zombie
+                    if not _pgid_alive(pgid):
+                        break
+                    time.sleep(0.2)
+                else:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pgid, signal.SIGKILL)
+            proc.wait()
+            if self._log_fh is not None:
+                self._log_fh.close()
+                self._log_fh = None
+        return proc.returncode
 
     def __enter__(self) -> "SGLangServer":
         return self.start()
@@ -264,15 +274,21 @@ class SGLangServer:
                  timeout: float = 120, **sampling: Any) -> dict[str, Any]:
         """POST /generate; returns the server's JSON unchanged.
 
-        Shape (checked against 0.5.23 and 0.5.9)::
+        ``sampling`` adds further sampling_params (e.g. ``ignore_eos=True``).
+        Shape returned by both 0.5.23 and 0.5.9 for a single text::
 
-            {"text": str,                  # decoded completion only
-             "output_ids": [int, ...],     # completion token ids (see output_ids())
-             "meta_info": {"id": str, "finish_reason": {"type": "length", "length": 8},
-                           "prompt_tokens": int, "completion_tokens": int,
-                           "cached_tokens": int, "e2e_latency": float, ...}}
-
-        RESPONSE_SHAPE_PLACEHOLDER
+            {"text": str,                # decoded completion only (no prompt)
+             "output_ids": [int, ...],   # completion token ids only; see output_ids()
+             "meta_info": {
+                 "id": str,              # request id (hex)
+                 "finish_reason": {"type": "length", "length": 8},  # or {"type": "stop", ...}
+                 "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int,
+                 "cached_tokens_details": None, "weight_version": "default",
+                 "e2e_latency": float, "response_sent_to_client_ts": float,
+                 # 0.5.23 only: "num_retractions", "reasoning_tokens",
+                 #   "weight_versions": [{"version", "start", "end"}], "dp_rank"
+                 # 0.5.9 only: "total_retractions"
+             }}
         """
         params = {"max_new_tokens": max_new_tokens, "temperature": temperature, **sampling}
         return self.request("/generate", {"text": text, "sampling_params": params}, timeout=timeout)

@@ -91,7 +91,8 @@ class SGLangServer:
     Use as a context manager (``__enter__`` starts and waits for /health,
     ``__exit__`` stops) or call ``start()``/``stop()``.
 
-    Environment: ``base_env`` (default ``os.environ.copy()``), then the CPU
+    Environment: ``base_env`` (default ``os.environ.copy()``; minus
+    ``SGL_PROBE_HARNESS_DIR``), then the CPU
     settings (``SGLANG_USE_CPU_ENGINE=1``, offline HF, and for tp > 1
     ``SGLANG_CPU_OMP_THREADS_BIND``), then ``env`` on top; a ``None`` value in
     ``env`` removes the variable, so a test may deliberately drop a default.
@@ -127,6 +128,9 @@ class SGLangServer:
         self.startup_seconds: float | None = None
 
         full_env = dict(os.environ if base_env is None else base_env)
+        # harness-internal; sglang copies every SGL_* variable to SGLANG_* (with
+        # a deprecation warning), which would only add noise to worker envs
+        full_env.pop("SGL_PROBE_HARNESS_DIR", None)
         full_env.update(
             SGLANG_USE_CPU_ENGINE="1",  # without it model construction imports vllm
             HF_HUB_OFFLINE="1",

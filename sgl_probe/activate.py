@@ -132,6 +132,11 @@ def activate(start_env: Optional[dict] = None) -> Optional[Probe]:
     if _PROBE is not None:
         return _PROBE
     _setup_logging()
+    # SGLang copies SGL_* variables to SGLANG_* and warns about each one; ours are not legacy
+    # SGLang settings, so that warning is noise in the user's server log.
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"Environment variable SGL_PROBE\w* is deprecated")
     cfg = config.load()
     if not cfg.enabled:
         return None

@@ -23,8 +23,15 @@ def is_secret(name: str) -> bool:
     return bool(_SECRET.search(name))
 
 
+#: The probe's own variables, and SGLang's copies of them (SGLang >= 0.5.9 copies every
+#: ``SGL_*`` variable to ``SGLANG_*`` at import), are bookkeeping, not the user's tuning.
+_OWN = ("SGL_PROBE", "SGLANG_PROBE")
+
+
 def is_allowed(name: str, allow: Iterable[str]) -> bool:
     """``allow`` holds prefixes, and exact names marked with a trailing ``=`` (see config)."""
+    if name.startswith(_OWN):
+        return False
     for pat in allow:
         if pat.endswith("="):
             if name == pat[:-1]:

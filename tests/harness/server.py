@@ -261,6 +261,11 @@ class SGLangServer:
 
     # -- requests ------------------------------------------------------------
 
+    def request_text(self, path: str, timeout: float = 60) -> str:
+        """GET a non-JSON endpoint (``/metrics``)."""
+        with _OPENER.open(self.base_url + path, timeout=timeout) as r:
+            return r.read().decode()
+
     def request(self, path: str, payload: Any | None = None, timeout: float = 120) -> Any:
         """GET (payload None) or POST JSON to the server; returns decoded JSON."""
         data = None if payload is None else json.dumps(payload).encode()

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.harness.venv import HARNESS_DIR
+from tests.harness.venv import HARNESS_DIR, file_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,8 +33,9 @@ def pip_install(venv: Path, *args: str, constraints: Path | None = None) -> None
 def install_wheel(venv: Path, wheel: Path) -> None:
     """Into an SGLang harness venv: reinstall sgl-probe only, keep the venv's torch pin."""
     pins = venv / "harness-constraints.txt"  # holds the CPU torch pin (see venv.py)
-    pip_install(venv, "--force-reinstall", "--no-deps", str(wheel))
-    pip_install(venv, str(wheel), constraints=pins if pins.exists() else None)
+    with file_lock(venv.parent / (venv.name + ".lock")):  # test sessions may share the venv
+        pip_install(venv, "--force-reinstall", "--no-deps", str(wheel))
+        pip_install(venv, str(wheel), constraints=pins if pins.exists() else None)
 
 
 def fresh_venv(path: Path, wheel: Path | None) -> Path:

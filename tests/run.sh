@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command (README "Two commands"; CI's .ci/run calls exactly this).
+# Creates .venv-test with sgl-probe and the test tools, then runs pytest. The SGLang harness venvs
+# are built on first use by the tests themselves (cached under .harness/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv-test
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]"
+exec "$VENV/bin/python" -m pytest -q -rs --durations=15 "$@"

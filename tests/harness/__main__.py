@@ -1,4 +1,5 @@
 """``python -m tests.harness build [VERSION ...]``: prebuild venvs and the tiny model.
+``python -m tests.harness demo``: the README's main job (see demo.py).
 
 Run from the repo root. Defaults to every known version. The model is always
 built with the 0.5.23 venv (see model.py), so that venv is built too.
@@ -23,7 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     # no argparse `choices`: with nargs="*" it rejects the empty default on 3.11
     build.add_argument("versions", nargs="*", default=list(VERSIONS),
                        help=f"sglang versions (default: all of {', '.join(VERSIONS)})")
+    sub.add_parser("demo", help="launch a real SGLang server with the probe, send load, print the phase split")
     args = ap.parse_args(argv)
+    if args.cmd == "demo":
+        from .demo import main as demo_main
+
+        return demo_main()
     unknown = [v for v in args.versions if v not in VERSIONS]
     if unknown:
         ap.error(f"unknown version(s) {unknown}; known: {', '.join(VERSIONS)}")

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import uuid
+import weakref
 from typing import Any, Optional
 
 from sgl_probe import config, envsnap
@@ -71,6 +72,17 @@ class Probe:
         self._start_ns = time.time_ns()
         self._start_sent = False
         self._nccl_sent = False
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _call_if_alive(ref, "_after_fork"))
+
+    def _after_fork(self) -> None:
+        """A forked child inherits the recorder's state but none of the export threads."""
+        self.recorder.reset_after_fork()
+        had_pipeline = self.pipeline is not None
+        self.pipeline = None
+        if had_pipeline:
+            self.ident = dict(self.ident)
+            self.ensure_pipeline()
 
     # -- pipeline ---------------------------------------------------------------------------
     def ensure_pipeline(self):
@@ -116,14 +128,13 @@ def get_probe() -> Optional[Probe]:
     return _PROBE
 
 
-def _after_fork_in_child() -> None:
-    probe = _PROBE
-    if probe is None:
-        return
-    probe.recorder.reset_after_fork()
-    if probe.pipeline is not None:
-        probe.pipeline = None
-        probe._start_sent = probe._nccl_sent = False
+def _call_if_alive(ref, method: str) -> None:
+    obj = ref()
+    if obj is not None:
+        try:
+            getattr(obj, method)()
+        except Exception as exc:
+            log.warning("sgl-probe: %s failed: %r", method, exc)
 
 
 def activate(start_env: Optional[dict] = None) -> Optional[Probe]:
@@ -146,5 +157,4 @@ def activate(start_env: Optional[dict] = None) -> Optional[Probe]:
         start_env = _arm.START_ENV
     _PROBE = Probe(cfg, start_env)
     _PROBE.instrumentor.instrument()
-    os.register_at_fork(after_in_child=_after_fork_in_child)
     return _PROBE

@@ -226,3 +226,28 @@ def test_trace_dir_writes_otlp_json_lines(probe_factory, tmp_path):
                     ids.append(sp["traceId"])
     assert names.count("sglang.decode") == 2 and names.count("sglang.extend") == 1
     assert all(len(i) == 32 and int(i, 16) for i in ids)
+
+
+def test_forked_child_reinitialises_export(probe_factory, receiver):
+    """Fork copies the recorder but not its threads: the child must export on its own."""
+    import os
+
+    probe = probe_factory(receiver.env("grpc"))
+    sched = workload.Scheduler(None, tp_rank=0)
+    run_steps(sched, n_decode=1)
+    pid = os.fork()
+    if pid == 0:  # child: new steps, exported by a fresh pipeline, then a hard exit
+        code = 1
+        try:
+            run_steps(sched, n_decode=2)
+            probe.pipeline.flush()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    probe.pipeline.flush()
+    spans = receiver.wait_for(lambda s: {x.resource["process.pid"] for x in s if x.name == "sglang.decode"}
+                              == {os.getpid(), pid}, timeout=15)
+    child = [s for s in spans if s.name == "sglang.decode" and s.resource["process.pid"] == pid]
+    assert len(child) == 2

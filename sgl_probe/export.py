@@ -121,6 +121,7 @@ class Pipeline:
         self.env_spans: list[ReadableSpan] = []
         self.summary = Summary(cfg.summary_s, ident)
         self.exported = 0
+        self.export_dropped = 0
         self.sampled_out = 0
         self._sampler = None
         self._lock = threading.Lock()
@@ -168,6 +169,11 @@ class Pipeline:
 
     def _emit(self, spans: list[ReadableSpan]) -> None:
         for proc in self.processors:
+            # The SDK's queue drops silently when full (collector slow or down); count it.
+            queue = getattr(getattr(proc, "_batch_processor", None), "_queue", None)
+            room = (queue.maxlen - len(queue)) if queue is not None and queue.maxlen else len(spans)
+            if room < len(spans):
+                self.export_dropped += len(spans) - max(room, 0)
             for span in spans:
                 proc.on_end(span)
         self.exported += len(spans)
@@ -207,7 +213,7 @@ class Pipeline:
                 else:
                     self.sampled_out += 1
                 done += 1
-            line = self.summary.maybe_line(dropped=rec.dropped_steps)
+            line = self.summary.maybe_line(dropped=rec.dropped_steps + self.export_dropped)
             if line:
                 log.info(line)
             return done

@@ -251,3 +251,23 @@ def test_forked_child_reinitialises_export(probe_factory, receiver):
                               == {os.getpid(), pid}, timeout=15)
     child = [s for s in spans if s.name == "sglang.decode" and s.resource["process.pid"] == pid]
     assert len(child) == 2
+
+
+def test_full_export_queue_drops_are_counted(probe_factory):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    probe = probe_factory({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{port}",
+                           "OTEL_BSP_MAX_QUEUE_SIZE": "8", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4",
+                           "OTEL_BSP_SCHEDULE_DELAY": "60000", "SGL_PROBE_DRAIN_S": "60",
+                           "SGL_PROBE_SUMMARY_S": "3600"})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    for _ in range(50):
+        sched.run_batch(Batch(ForwardMode.DECODE, 1))
+    probe.pipeline.drain()
+    assert probe.pipeline.export_dropped > 0
+    line = probe.pipeline.summary.line(dropped=probe.pipeline.export_dropped)
+    assert f"dropped={probe.pipeline.export_dropped}" in line

@@ -261,3 +261,32 @@ def test_doctor_resolves_every_target(sglang_venvs, version):
     missing = [r for r in data["targets"] if not r["resolved"]]
     assert missing == [], missing
     assert out.returncode == 0
+
+
+def test_unreachable_collector_and_bad_config_do_not_hurt_the_server(sglang_venvs, tiny_model,
+                                                                     baseline_outputs, tmp_path):
+    """A collector that is down and a bad SGL_PROBE_* value: same tokens, one clear log line each
+    bad variable, and the server stops promptly (the exporter's shutdown is bounded)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{dead}", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+           "SGL_PROBE_SUMMARY_S": "often", "SGL_PROBE_TIMER": "gpu"}
+    server = SGLangServer(sglang_venvs["0.5.9"], tiny_model, tp=1, extra_args=ARGS, env=env,
+                          log_path=tmp_path / "server.log")
+    with server:
+        t0 = time.perf_counter()
+        got = [output_ids(r) for r in send_load(server)]
+        load_s = time.perf_counter() - t0
+        time.sleep(2)
+        t_stop = time.perf_counter()
+    stop_s = time.perf_counter() - t_stop
+    log = server.log_text()
+    assert got == baseline_outputs["0.5.9"]
+    for name, accepted in (("SGL_PROBE_SUMMARY_S", "seconds >= 0"), ("SGL_PROBE_TIMER", "auto, cuda, cpu")):
+        lines = [l for l in log.splitlines() if f"ignoring {name}=" in l]
+        assert lines and accepted in lines[0], log[-3000:]
+    assert "disabled after an internal error" not in log and "activation failed" not in log
+    assert load_s < 60 and stop_s < 30, (load_s, stop_s)

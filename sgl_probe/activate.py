@@ -41,9 +41,12 @@ def ensure_run_id(environ: Optional[dict] = None) -> str:
     env = os.environ if environ is None else environ
     run_id = env.get(RUN_ID_VAR)
     if not run_id:
-        run_id = "%s-%s" % (time.strftime("%Y%m%dT%H%M%S"), uuid.uuid4().hex[:12])
-        env[RUN_ID_VAR] = run_id
+        run_id = env[RUN_ID_VAR] = _new_run_id()
     return run_id
+
+
+def _new_run_id() -> str:
+    return "%s-%s" % (time.strftime("%Y%m%dT%H%M%S"), uuid.uuid4().hex[:12])
 
 
 def sglang_version() -> Optional[str]:
@@ -61,6 +64,8 @@ class Probe:
         from sgl_probe.targets import TARGETS
 
         self.cfg = cfg
+        # Given from outside (the user, `sgl-probe run`, or a parent launcher): keep it as is.
+        self._run_id_given = bool(os.environ.get(RUN_ID_VAR))
         self.run_id = ensure_run_id()
         envsnap.record_launcher_env(cfg.env_allow)
         self.version = sglang_version()
@@ -72,6 +77,7 @@ class Probe:
         self._start_ns = time.time_ns()
         self._start_sent = False
         self._nccl_sent = False
+        self.nccl_confirmer = None  # SGL_PROBE_NCCL_CONFIRM=1: see sgl_probe.nccl_confirm
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _call_if_alive(ref, "_after_fork"))
 
@@ -101,6 +107,12 @@ class Probe:
         self.ensure_pipeline().emit_env(attrs, self._start_ns)
 
     # -- hooks (called from instrument wrappers, before the original runs) -------------------
+    def on_launch(self, hook, wrapped, args: tuple, kwargs: dict) -> None:
+        """SGLang is about to rewrite env and spawn a server's workers from this process."""
+        if not self._run_id_given:
+            os.environ[RUN_ID_VAR] = self.run_id = _new_run_id()
+        envsnap.record_launcher_env(self.cfg.env_allow, replace=True)
+
     def on_identity(self, hook, wrapped, args: tuple, kwargs: dict) -> None:
         """``Scheduler.__init__``: learn ranks and spec settings before NCCL is initialised."""
         from sgl_probe.identity import read_identity, read_spec
@@ -121,7 +133,20 @@ class Probe:
         backend = kwargs.get("backend", args[0] if args and isinstance(args[0], str) else None)
         if backend is not None:
             attrs["sgl_probe.dist_backend"] = str(backend)
-        self.ensure_pipeline().emit_env(attrs, time.time_ns())
+        pipeline = self.ensure_pipeline()
+        if self.cfg.nccl_confirm:
+            # After the snapshot above (it shows the user's env), before NCCL reads its settings.
+            try:
+                from sgl_probe.nccl_confirm import Confirmer
+
+                confirmer = Confirmer(self.cfg.env_allow, pipeline.emit_env)
+                confirmer.arm()
+                confirmer.start()
+                self.nccl_confirmer = confirmer
+                attrs["sgl_probe.nccl.debug_file"] = confirmer.path
+            except Exception as exc:
+                log.warning("sgl-probe: SGL_PROBE_NCCL_CONFIRM: could not arm NCCL's log: %r", exc)
+        pipeline.emit_env(attrs, time.time_ns())
 
 
 def get_probe() -> Optional[Probe]:

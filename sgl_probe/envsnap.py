@@ -57,10 +57,12 @@ def snapshot(allow: Iterable[str], environ: Mapping[str, str] | None = None) -> 
     return dict(sorted(values.items())), sorted(withheld)
 
 
-def record_launcher_env(allow: Iterable[str], environ: dict[str, str] | None = None) -> None:
-    """Remember the launcher's environment for the workers, unless a parent already did."""
+def record_launcher_env(allow: Iterable[str], environ: dict[str, str] | None = None,
+                        replace: bool = False) -> None:
+    """Remember the launcher's environment for the workers, unless a parent already did (or
+    ``replace``: this process is launching a server now, and its env is the launcher's)."""
     env = os.environ if environ is None else environ
-    if LAUNCHER_ENV_VAR in env:
+    if LAUNCHER_ENV_VAR in env and not replace:
         return
     values, _ = snapshot(allow, env)
     env[LAUNCHER_ENV_VAR] = json.dumps(values, separators=(",", ":"))

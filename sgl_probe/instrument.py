@@ -55,14 +55,15 @@ def resolve(module: Any, qualname: str) -> tuple[Any, Optional[str]]:
 
 def _step_wrapper(probe, hook: Hook) -> Callable:
     target = hook.target
+    rec = probe.recorder  # one Recorder per probe for its whole life (fork resets it in place)
+    begin, end = rec.begin_step, rec.end_step
 
     def wrapper(wrapped, instance, args, kwargs):
-        rec = probe.recorder
         tls = rec.tls
-        if not hook.enabled or tls.step is not None:
+        if tls.step is not None or not hook.enabled:
             return wrapped(*args, **kwargs)
         try:
-            st = rec.begin_step(target, args, kwargs)
+            st = begin(target, args, kwargs)
         except Exception as exc:
             hook.fail(exc)
             return wrapped(*args, **kwargs)
@@ -76,7 +77,7 @@ def _step_wrapper(probe, hook: Hook) -> Callable:
             tls.step = None
             tls.phase = None
             try:
-                rec.end_step(st)
+                end(st)
             except Exception as exc:
                 hook.fail(exc)
 
@@ -85,11 +86,13 @@ def _step_wrapper(probe, hook: Hook) -> Callable:
 
 def _phase_wrapper(probe, hook: Hook) -> Callable:
     target = hook.target
+    name = target.name
     enter = readers.ENTER[target.reader]
     leave = readers.LEAVE.get(target.reader)
+    rec = probe.recorder
+    begin, end = rec.begin_phase, rec.end_phase
 
     def wrapper(wrapped, instance, args, kwargs):
-        rec = probe.recorder
         tls = rec.tls
         st = tls.step
         # Outside a scheduler step (startup warmup, graph capture) or nested inside another
@@ -97,7 +100,7 @@ def _phase_wrapper(probe, hook: Hook) -> Callable:
         if st is None or tls.phase is not None or not hook.enabled:
             return wrapped(*args, **kwargs)
         try:
-            ph = rec.begin_phase(st, target, enter, args, kwargs)
+            ph = begin(name, target, enter, args, kwargs)
         except Exception as exc:
             hook.fail(exc)
             ph = None
@@ -109,13 +112,13 @@ def _phase_wrapper(probe, hook: Hook) -> Callable:
         except BaseException as exc:
             tls.phase = None
             try:
-                rec.end_phase(st, ph, None, None, exc)
+                end(st, ph, None, None, exc)
             except Exception as inner:
                 hook.fail(inner)
             raise
         tls.phase = None
         try:
-            rec.end_phase(st, ph, leave, result, None)
+            end(st, ph, leave, result, None)
         except Exception as exc:
             hook.fail(exc)
         return result
@@ -176,6 +179,8 @@ def make_wrapper(probe, hook: Hook) -> Callable:
         return _before_wrapper(probe.on_identity, hook)
     if role == "nccl_init":
         return _before_wrapper(probe.on_nccl_init, hook)
+    if role == "launch":
+        return _before_wrapper(probe.on_launch, hook)
     raise ValueError(f"unknown role {role!r} in the target table")
 
 

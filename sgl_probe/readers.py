@@ -79,6 +79,13 @@ def _phase_for_mode(mode: Optional[str]) -> Optional[str]:
 
 
 def _tokens_for(phase: Optional[str], batch: Any, bs: Optional[int], spec: dict) -> Optional[int]:
+    """Tokens the phase runs through a model (target or draft), from shapes and server args.
+
+    extend, and the draft-extend after a prefill: the prompt tokens. verify and the draft-extend
+    after a verify (EAGLE v2 re-runs the whole verified window): ``bs * num_draft_tokens``.
+    draft: the multi-step draft decode runs ``num_steps - 1`` forwards of ``bs * topk`` tokens
+    (the first step's candidates come from the previous draft-extend). decode: ``bs``.
+    """
     if phase == "extend" or (phase == "draft_extend" and mode_name(batch) in EXTEND_MODES):
         return extend_tokens(batch)
     if bs is None:
@@ -86,7 +93,7 @@ def _tokens_for(phase: Optional[str], batch: Any, bs: Optional[int], spec: dict)
     if phase in ("verify", "draft_extend"):
         return bs * int(spec.get("num_draft_tokens") or 1)
     if phase == "draft":
-        return bs * int(spec.get("topk") or 1) * int(spec.get("num_steps") or 1)
+        return bs * int(spec.get("topk") or 1) * max(int(spec.get("num_steps") or 1) - 1, 0)
     return bs
 
 
@@ -115,11 +122,31 @@ def forward(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
 
 def spec_call(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     """EAGLE draft / draft-extend / verify methods: ``(self, batch, ...)``. SGLang mutates the
-    batch's forward mode inside these calls, so the table's mode wins over what is seen now."""
+    batch's forward mode inside these calls, so the table's mode (the one the call runs its
+    forward in) wins over what is seen now; rows without one (the draft-extend after a prefill,
+    which runs in the prefill's own EXTEND/MIXED mode) report the batch's mode. An IDLE batch
+    (a data-parallel rank with no requests) is not a timed phase, as in :func:`forward`."""
     batch = _first_batch(args, kwargs)
+    seen = mode_name(batch)
+    if seen == "IDLE":
+        return Facts(None, seen, 0, 0)
     phase = target.phases[0]
     bs = batch_size(batch)
-    return Facts(phase, target.mode or mode_name(batch), bs, _tokens_for(phase, batch, bs, spec))
+    return Facts(phase, target.mode or seen, bs, _tokens_for(phase, batch, bs, spec))
+
+
+def draft_extend_after_decode_v1(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
+    """EAGLE v1 ``forward_draft_extend_after_decode(batch)``: unlike v2 it re-runs only the
+    accepted tokens (``accept_length + 1`` per unfinished request, already on the host in
+    ``batch.spec_info.accept_length_cpu``)."""
+    facts = spec_call(target, args, kwargs, spec)
+    if facts.phase is None:
+        return facts
+    accepted = getattr(getattr(_first_batch(args, kwargs), "spec_info", None), "accept_length_cpu", None)
+    if isinstance(accepted, (list, tuple)) and all(isinstance(x, int) for x in accepted):
+        facts.batch_size = len(accepted)
+        facts.num_tokens = sum(accepted) + len(accepted)
+    return facts
 
 
 def result_graph_attr(result: Any) -> Optional[bool]:
@@ -163,6 +190,7 @@ ENTER: dict[str, EnterReader] = {
     "spec_call": spec_call,
     "verify_v1": spec_call,
     "verify_v2": spec_call,
+    "draft_extend_v1_decode": draft_extend_after_decode_v1,
 }
 LEAVE: dict[str, Callable[[Any], Optional[bool]]] = {
     "forward": result_graph_attr,

@@ -20,8 +20,8 @@ PHASES = ("decode", "extend", "draft", "verify", "draft_extend")
 #: Roles: ``step`` opens a scheduler iteration, ``phase`` times a call, ``graph`` marks the open
 #: phase as having replayed a CUDA/CPU graph, ``accept`` carries SGLang's accept length,
 #: ``nccl_init`` snapshots the env before the first communicator, ``identity`` learns the
-#: process's ranks and server args.
-ROLES = ("step", "phase", "graph", "accept", "nccl_init", "identity")
+#: process's ranks and server args, ``launch`` marks a new server launch in the parent process.
+ROLES = ("step", "phase", "graph", "accept", "nccl_init", "identity", "launch")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,12 @@ TARGETS: tuple[Target, ...] = (
     # the class at import time, before any Scheduler exists.
     Target("step", ("step",), _S + "managers.scheduler", "Scheduler.run_batch", "step"),
     Target("identity", ("identity",), _S + "managers.scheduler", "Scheduler.__init__", "identity"),
+    # The launching process, just before SGLang rewrites env and spawns its workers: a fresh run
+    # id per server (a notebook may launch several) and the user's env, for the workers' diff.
+    Target("launch", ("launch",), _S + "entrypoints.engine", "_launch_subprocesses", "launch",
+           until="0.5.10"),
+    Target("launch", ("launch",), _S + "entrypoints.engine", "Engine._launch_subprocesses", "launch",
+           since="0.5.10"),
     # Target-model forward. The mode decides the phase: DECODE -> decode, EXTEND/MIXED -> extend,
     # TARGET_VERIFY (or is_verify=True) -> verify when no spec-specific verify row caught it first.
     Target("phase", ("decode", "extend"), _S + "managers.tp_worker",
@@ -84,16 +90,18 @@ TARGETS: tuple[Target, ...] = (
     Target("phase", ("draft",), _EW1, "EAGLEWorker.draft", "spec_call", until="0.5.13"),
     Target("phase", ("verify",), _EW1, "EAGLEWorker.verify", "verify_v1", until="0.5.13",
            mode="TARGET_VERIFY"),
+    # Draft-extend after a prefill runs in the prefill's own mode (EXTEND/MIXED: no table mode);
+    # after a verify SGLang switches the batch to DRAFT_EXTEND(_V2) inside the call.
     Target("phase", ("draft_extend",), _EW1, "EAGLEWorker.forward_draft_extend", "spec_call",
-           until="0.5.13", mode="DRAFT_EXTEND"),
+           until="0.5.13"),
     Target("phase", ("draft_extend",), _EW1, "EAGLEWorker.forward_draft_extend_after_decode",
-           "spec_call", until="0.5.13", mode="DRAFT_EXTEND"),
+           "draft_extend_v1_decode", until="0.5.13", mode="DRAFT_EXTEND"),
     # EAGLE v2 (opt-in from 0.5.5, default from 0.5.11, the only one from 0.5.13).
     Target("phase", ("draft",), _EW2, "EagleDraftWorker.draft", "spec_call", since="0.5.5"),
     Target("phase", ("verify",), _EW2, "EAGLEWorkerV2.verify", "verify_v2", since="0.5.5",
            mode="TARGET_VERIFY"),
     Target("phase", ("draft_extend",), _EW2, "EagleDraftWorker._draft_extend_for_prefill",
-           "spec_call", since="0.5.5", mode="DRAFT_EXTEND_V2"),
+           "spec_call", since="0.5.5"),
     Target("phase", ("draft_extend",), _EW2, "EagleDraftWorker._draft_extend_for_decode",
            "spec_call", since="0.5.5", mode="DRAFT_EXTEND_V2"),
     # Graph replays: a call here means the open phase ran a captured graph.

@@ -32,7 +32,8 @@ def receiver():
 
 def make_probe(monkeypatch, env: dict, targets=TABLE) -> Probe:
     for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME", "SGL_PROBE_RUN_ID"):
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME", "SGL_PROBE_RUN_ID",
+                "SGL_PROBE_LAUNCHER_ENV"):
         monkeypatch.delenv(key, raising=False)
     env = {"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_DRAIN_S": "0.05", "OTEL_BSP_SCHEDULE_DELAY": "50", **env}
     for key, val in env.items():
@@ -271,3 +272,27 @@ def test_full_export_queue_drops_are_counted(probe_factory):
     assert probe.pipeline.export_dropped > 0
     line = probe.pipeline.summary.line(dropped=probe.pipeline.export_dropped)
     assert f"dropped={probe.pipeline.export_dropped}" in line
+
+
+def test_each_launch_gets_a_fresh_run_id_and_launcher_env(probe_factory, monkeypatch):
+    import json
+    import os
+
+    monkeypatch.setenv("NCCL_PROTO", "LL")
+    probe = probe_factory({})
+    first = probe.run_id
+    probe.on_launch(None, None, (), {})
+    second = os.environ["SGL_PROBE_RUN_ID"]
+    assert second == probe.run_id != first
+    monkeypatch.setenv("NCCL_PROTO", "Simple")
+    probe.on_launch(None, None, (), {})
+    assert os.environ["SGL_PROBE_RUN_ID"] not in (first, second)
+    assert json.loads(os.environ["SGL_PROBE_LAUNCHER_ENV"])["NCCL_PROTO"] == "Simple"
+
+
+def test_a_given_run_id_is_kept_across_launches(probe_factory):
+    import os
+
+    probe = probe_factory({"SGL_PROBE_RUN_ID": "my-multi-node-run"})
+    probe.on_launch(None, None, (), {})
+    assert os.environ["SGL_PROBE_RUN_ID"] == probe.run_id == "my-multi-node-run"

@@ -85,7 +85,10 @@ def probed_run(request, sglang_venvs, tiny_model, tmp_path_factory) -> Run:
     with OTLPReceiver() as receiver:
         env = {**receiver.env(case["protocol"]), **SECRETS, "NCCL_PROTO": "LL", "SGL_PROBE": "1",
                "SGL_PROBE_SUMMARY_S": "1", "SGL_PROBE_TRACE_DIR": str(tmp / "traces"),
-               "OTEL_BSP_SCHEDULE_DELAY": "200", "SGL_PROBE_RUN_ID": None, "SGL_PROBE_LAUNCHER_ENV": None}
+               "OTEL_BSP_SCHEDULE_DELAY": "200", "SGL_PROBE_RUN_ID": None,
+               # Stale, as if left by an earlier launch in the same shell: the launch hook must
+               # replace it with this launch's env (checked in the env-snapshot test).
+               "SGL_PROBE_LAUNCHER_ENV": '{"NCCL_PROTO": "stale"}'}
         run = Run(version, case["tp"], trace_dir=tmp / "traces")
         with SGLangServer(sglang_venvs[version], tiny_model, tp=case["tp"], env=env, extra_args=ARGS,
                           log_path=tmp / "server.log") as server:
@@ -257,7 +260,8 @@ def test_doctor_resolves_every_target(sglang_venvs, version):
     data = json.loads(out.stdout)
     assert data["sglang_version"] == version
     phases = {r["phase"] for r in data["targets"]}
-    assert {"decode", "extend", "draft", "verify", "draft_extend", "graph", "accept", "nccl_init"} <= phases
+    assert {"decode", "extend", "draft", "verify", "draft_extend", "graph", "accept", "nccl_init",
+            "launch", "step", "identity"} <= phases
     missing = [r for r in data["targets"] if not r["resolved"]]
     assert missing == [], missing
     assert out.returncode == 0

@@ -11,8 +11,19 @@ import sys
 
 _ARMED = False
 _ACTIVATED = False
-#: The environment as the interpreter started, before any later code could change it.
+#: The environment as the interpreter started, before any later code could change it (raw; use
+#: :func:`start_env`).
 START_ENV = None
+
+
+def start_env():
+    """START_ENV decoded to ``str``, or None when the probe was not armed at startup."""
+    raw = START_ENV
+    if raw is None:
+        return None
+    decode = getattr(os, "fsdecode", str)
+    return {(decode(k) if isinstance(k, bytes) else k): (decode(v) if isinstance(v, bytes) else v)
+            for k, v in raw.items()}
 _OFF_VALUES = ("0", "false", "no", "off")
 
 
@@ -44,7 +55,10 @@ def arm() -> None:
     if _ARMED or _disabled():
         return
     _ARMED = True
-    START_ENV = dict(os.environ)
+    try:  # the raw bytes mapping: a plain dict copy, no decoding of every value at startup
+        START_ENV = os.environ._data.copy()
+    except AttributeError:
+        START_ENV = dict(os.environ)
     if "sglang" in sys.modules:
         _activate()
     elif _TRIGGER not in sys.meta_path:

@@ -179,7 +179,7 @@ def activate(start_env: Optional[dict] = None) -> Optional[Probe]:
     if start_env is None:
         from sgl_probe import _arm
 
-        start_env = _arm.START_ENV
+        start_env = _arm.start_env()
     _PROBE = Probe(cfg, start_env)
     _PROBE.instrumentor.instrument()
     return _PROBE

@@ -69,7 +69,9 @@ class Recorder:
         self.timer: Any = None
         self.tls = _ThreadState()
         self.steps: collections.deque[StepRecord] = collections.deque()
-        self.awaiting_accept: collections.deque[PhaseRecord] = collections.deque()
+        # Verifies waiting for SGLang's accept-length sink, oldest first. Bounded: a version whose
+        # sink is missing must not grow it forever (the oldest is dropped unreported).
+        self.awaiting_accept: collections.deque[PhaseRecord] = collections.deque(maxlen=1024)
         self.step_count = 0
         self.dropped_steps = 0
         self.spec: dict = {}  # num_steps / topk / num_draft_tokens / algorithm, from server args
@@ -89,8 +91,7 @@ class Recorder:
 
             self.timer = make_timer(self._timer_choice, self._log)
         self.step_count += 1
-        facts = readers.step(target, args, kwargs, self.spec)
-        return StepRecord(self.step_count, facts, perf_counter_ns())
+        return StepRecord(self.step_count, readers.step(target, args, kwargs, self.spec), perf_counter_ns())
 
     def end_step(self, st: StepRecord) -> None:
         st.host1 = perf_counter_ns()
@@ -104,7 +105,8 @@ class Recorder:
         self.steps.append(st)
 
     # -- phase ----------------------------------------------------------------------------
-    def begin_phase(self, st: StepRecord, target, enter, args: tuple, kwargs: dict) -> Optional[PhaseRecord]:
+    def begin_phase(self, name: str, target, enter, args: tuple, kwargs: dict) -> Optional[PhaseRecord]:
+        """``name`` is ``target.name``, computed once by the wrapper rather than on every call."""
         facts = enter(target, args, kwargs, self.spec)
         if facts.phase is None:
             return None
@@ -112,29 +114,38 @@ class Recorder:
         token = self.timer.start(now)
         if token is None:  # stream capture in progress: record nothing
             return None
-        return PhaseRecord(facts, target.name, now, token)
+        return PhaseRecord(facts, name, now, token)
 
     def end_phase(self, st: StepRecord, ph: PhaseRecord, leave, result: Any,
                   error: Optional[BaseException]) -> None:
         now = perf_counter_ns()
         ph.t_end = self.timer.stop(ph.t_start, now)
         ph.host1 = now
-        ph.error = error
-        if leave is not None and error is None:
-            ph.graph = leave(result)
         st.phases.append(ph)
-        if ph.phase == "verify" and error is None:
+        if error is not None:
+            ph.error = error
+            return
+        if leave is not None:
+            ph.graph = leave(result)
+        if ph.phase == "verify":
             self.awaiting_accept.append(ph)
 
     # -- accept-length sink ---------------------------------------------------------------
     def accept(self, args: tuple, kwargs: dict) -> None:
+        """SGLang's accept-length sink (``update_spec_metrics``), called after the call returned.
+
+        SGLang calls it once per verified decode batch, from the batch's result processing, in
+        launch order: right after the step, or one step later under the overlap scheduler. So
+        the oldest verify still waiting is the one being reported. A waiting verify whose batch
+        size differs was never reported (SGLang skipped it, e.g. an idle or aborted batch): it
+        is dropped and the next one is tried, so one skip cannot shift every later pairing.
+        Runs on the scheduler thread, as does ``end_phase``; the drain thread only reads
+        ``accept_length`` (waiting up to 2 s for it)."""
         got = readers.accept_length(args, kwargs)
         if got is None:
             return
         bs, length = got
         waiting = self.awaiting_accept
-        # The sink runs once per verify, in order, possibly one step later (overlap scheduler).
-        # A verify whose batch size does not match was never reported: skip it.
         while waiting:
             ph = waiting.popleft()
             if ph.batch_size in (None, bs):

@@ -19,6 +19,17 @@ test that reaches a missing kernel fails loudly instead of silently.
 
 The one op sglang does call on this path is ``copy_all_layer_kv_cache_cpu``
 (the KV pool runs it at init); a pure-Python version is below.
+
+EAGLE speculative decoding (0.5.23, ``--speculative-algorithm EAGLE3``) calls
+more: the eight speculative ops in ``_spec_standins.py`` (draft cache
+locations, tree building, greedy verification, accepted-slot compaction,
+bonus tokens, req->token writes; ``rotate_input_ids_cpu`` for completeness)
+and the two ``intel_amx`` attention ops in ``_attention_standins.py``
+(attached to ``torch.ops.sgl_kernel``, where the backend looks them up).
+They are TEST STAND-INS in plain torch, each checked against SGLang's own
+Triton kernel in Triton's CPU interpreter or a re-derivation
+(``tests/test_kernel_standins.py``); ``convert_weight_packed`` stays absent,
+so ``cpu_has_amx_support()`` stays False and non-spec serving is unchanged.
 """
 
 from __future__ import annotations
@@ -83,6 +94,40 @@ def copy_all_layer_kv_cache_cpu(data_ptrs: Any, strides: Any, tgt_loc: Any, src_
         rows = [ctypes.string_at(base + s * stride, stride) for s in src]
         for t, row in zip(tgt, rows):
             ctypes.memmove(base + t * stride, row, stride)
+
+
+from ._attention_standins import decode_attention_cpu, extend_attention_cpu  # noqa: E402
+from ._spec_standins import (  # noqa: E402
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    assign_req_to_token_pool_cpu,
+    build_draft_decode_metadata_cpu,
+    build_tree_kernel_efficient_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+    rotate_input_ids_cpu,
+    verify_tree_greedy_cpu,
+)
+
+STANDIN_OPS = (
+    "assign_draft_cache_locs_contiguous_cpu", "assign_extend_cache_locs_cpu",
+    "assign_req_to_token_pool_cpu", "build_draft_decode_metadata_cpu",
+    "build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu", "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu", "rotate_input_ids_cpu", "extend_attention_cpu",
+    "decode_attention_cpu", "copy_all_layer_kv_cache_cpu",
+)
+
+
+def _install_torch_ops() -> None:
+    """The intel_amx backend reads the attention ops from ``torch.ops.sgl_kernel``."""
+    import torch
+
+    ns = torch.ops.sgl_kernel
+    ns.extend_attention_cpu = extend_attention_cpu
+    ns.decode_attention_cpu = decode_attention_cpu
+
+
+_install_torch_ops()
 
 
 class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

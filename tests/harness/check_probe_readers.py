@@ -1,0 +1,189 @@
+"""The probe's readers fed SGLang's own objects from the installed version.
+
+Mainly ``sglang.cuda_graph`` = true, which this machine cannot produce for real (no GPU).
+
+Runs INSIDE an SGLang harness venv where sgl-probe is installed from its wheel; started by
+``tests/test_spec_eagle.py``. On this CPU machine every real step runs without a graph (SGLang's
+CPU graph runner needs the intel_amx backend on AMX hardware), so the real server can only show
+``false``. This script shows the ``true`` path through the probe's real code:
+
+1. result objects: SGLang's own ``GenerationBatchResult`` (what ``TpModelWorker.forward_batch_
+   generation`` and ``EAGLEWorkerV2.verify`` return), ``ModelRunnerOutput`` and, for EAGLE v1,
+   the ``(logits, verify_output, batch, can_run_cuda_graph)`` tuple of ``EAGLEWorker.verify``,
+   built from the installed version with the flag true and false, go through the probe's leave
+   reader of every phase target of the table that resolves here, then through ``Recorder`` and
+   the span builder into span attributes;
+2. graph-replay hooks: with the probe activated in this process, SGLang's own graph-runner
+   classes are wrapped by the probe's table; calling the wrapped ``execute``/``replay`` of each
+   (on a bare instance: the method body itself cannot run without a GPU and raises, which is
+   expected and ignored) inside an open draft / draft-extend / decode phase must mark that phase;
+3. spec readers on SGLang's ``ForwardMode.IDLE`` (no phase) and, where the installed version has
+   EAGLE v1, the token count of ``forward_draft_extend_after_decode`` from its own
+   ``EagleDraftInput.accept_length_cpu``.
+
+usage: python check_probe_readers.py  -> one JSON object on stdout
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+import types
+
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+os.environ["SGL_PROBE"] = "1"
+os.environ["SGL_PROBE_SUMMARY_S"] = "0"
+for var in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "SGL_PROBE_TRACE_DIR"):
+    os.environ.pop(var, None)
+
+from sgl_probe import activate as probe_activate  # noqa: E402
+from sgl_probe import readers, spans, targets  # noqa: E402
+from sgl_probe.export import make_resource  # noqa: E402
+from sgl_probe.instrument import resolve  # noqa: E402
+
+PROBE = probe_activate.activate()  # before any sglang import: the table wraps modules as they load
+
+import torch  # noqa: E402
+from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.model_executor.model_runner import ModelRunnerOutput  # noqa: E402
+
+SPEC = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 2, "num_draft_tokens": 4}
+OUT: dict = {"sglang_version": PROBE.version, "leave": [], "spans": [], "graph_hooks": [], "idle": [],
+             "v1_draft_extend": None}
+
+
+def result_objects(flag: bool) -> dict:
+    return {
+        "GenerationBatchResult": GenerationBatchResult(can_run_cuda_graph=flag),
+        "ModelRunnerOutput": ModelRunnerOutput(logits_output=None, can_run_graph=flag),
+        "EAGLEWorker.verify tuple": (None, None, None, flag),
+    }
+
+
+# Which objects each leave reader receives from SGLang (per the call it is attached to).
+RECEIVES = {
+    "forward": ("GenerationBatchResult", "ModelRunnerOutput"),
+    "verify_v2": ("GenerationBatchResult",),
+    "verify_v1": ("EAGLEWorker.verify tuple",),
+}
+
+
+def resolved_targets():
+    for t in targets.TARGETS:
+        try:
+            mod = importlib.import_module(t.module)
+        except Exception:
+            continue
+        if resolve(mod, t.qualname)[0] is not None:
+            yield t, mod
+
+
+def batch(mode: str, bs: int = 2):
+    return types.SimpleNamespace(forward_mode=ForwardMode[mode], seq_lens=torch.zeros(bs, dtype=torch.int64),
+                                 extend_num_tokens=7)
+
+
+def step_spans(rec, phase_target, phase_batch, result, mark=None):
+    """One step with one phase through the probe's recorder and span builder; returns
+    {span name: attributes}. ``mark`` runs while the phase is open (graph hooks)."""
+    step_t = next(t for t in targets.TARGETS if t.role == "step")
+    st = rec.begin_step(step_t, (phase_batch,), {})
+    rec.tls.step = st
+    try:
+        ph = rec.begin_phase(phase_target.name, phase_target, readers.ENTER[phase_target.reader], (phase_batch,), {})
+        assert ph is not None, phase_target.name
+        rec.tls.phase = ph
+        if mark is not None:
+            mark()
+        rec.tls.phase = None
+        rec.end_phase(st, ph, readers.LEAVE.get(phase_target.reader), result, None)
+    finally:
+        rec.tls.step = None
+        rec.tls.phase = None
+    rec.end_step(st)
+    rec.steps.remove(st)
+    _, built = spans.build_step_spans(st, rec.timer, "graph-check", {"tp_rank": 0, "dp_rank": 0}, SPEC,
+                                      make_resource({}, "graph-check", PROBE.version))
+    return {s.name: dict(s.attributes) for s in built}
+
+
+def main() -> int:
+    logging.getLogger("sgl_probe").setLevel(logging.ERROR)
+    rec = PROBE.recorder
+    table = list(resolved_targets())
+    phase_modes = {"verify": "DECODE", "draft": "DECODE", "draft_extend": "DECODE", "decode": "DECODE",
+                   "extend": "EXTEND"}
+    # 1. result objects through every resolved leave reader, then into spans
+    for t, _ in table:
+        if t.role != "phase" or t.reader not in RECEIVES:
+            continue
+        leave = readers.LEAVE[t.reader]
+        for flag in (True, False):
+            for kind in RECEIVES[t.reader]:
+                obj = result_objects(flag)[kind]
+                got = leave(obj)
+                OUT["leave"].append({"target": t.name, "reader": t.reader, "object": kind, "flag": flag, "read": got})
+                attrs = step_spans(rec, t, batch(phase_modes[t.phases[0]]), obj)
+                phase_span = next(n for n in attrs if n != "sglang.step")
+                OUT["spans"].append({"target": t.name, "object": kind, "flag": flag, "span": phase_span,
+                                     "phase_cuda_graph": attrs[phase_span]["sglang.cuda_graph"],
+                                     "step_cuda_graph": attrs["sglang.step"]["sglang.cuda_graph"]})
+    # 2. SGLang's graph-runner methods, wrapped by the probe, mark the open phase
+    phase_for = {  # which phase opens the runner in SGLang
+        "EAGLEDraftCudaGraphRunner": "draft",
+        "EAGLEDraftExtendCudaGraphRunner": "draft_extend",
+    }
+    by_phase = {}
+    for t, _ in table:
+        if t.role == "phase":
+            by_phase.setdefault(t.phases[0], t)
+    for t, mod in table:
+        if t.role != "graph":
+            continue
+        owner, attr = resolve(mod, t.qualname)
+        method = getattr(owner, attr)
+        wrapped_by_probe = getattr(vars(owner)[attr], "_self_sgl_probe_hook", None) is not None
+        phase = phase_for.get(t.qualname.split(".")[0], "decode")
+        pt = by_phase[phase]
+        raised: list = []
+
+        n_args = sum(1 for p in inspect.signature(vars(owner)[attr].__wrapped__).parameters.values()
+                     if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD) - 1
+
+        def call(method=method, owner=owner, n_args=n_args):
+            try:
+                method(object.__new__(owner), *([None] * n_args))
+            except Exception as exc:  # the body needs a GPU-built runner; only the hook matters here
+                raised.append(type(exc).__name__)
+
+        attrs = step_spans(rec, pt, batch("DECODE"), None, mark=call)
+        phase_span = next(n for n in attrs if n != "sglang.step")
+        OUT["graph_hooks"].append({"target": t.name, "wrapped_by_probe": wrapped_by_probe, "phase": phase_span,
+                                   "phase_cuda_graph": attrs[phase_span]["sglang.cuda_graph"],
+                                   "step_cuda_graph": attrs["sglang.step"]["sglang.cuda_graph"],
+                                   "body_raised": raised[0] if raised else None})
+    # 3. IDLE batches are no phase; EAGLE v1 draft-extend after decode counts accepted tokens
+    for t, _ in table:
+        if t.role == "phase" and t.reader in readers.ENTER and t.reader != "step":
+            facts = readers.ENTER[t.reader](t, (batch("IDLE", 0),), {}, SPEC)
+            OUT["idle"].append({"target": t.name, "phase": facts.phase})
+    v1 = next((t for t, _ in table if t.qualname == "EAGLEWorker.forward_draft_extend_after_decode"), None)
+    if v1 is not None:
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        b = batch("DECODE", 4)  # four requests ran verify, one finished there
+        b.spec_info = EagleDraftInput(accept_length_cpu=[1, 0, 2])
+        facts = readers.ENTER[v1.reader](v1, (b,), {}, SPEC)
+        OUT["v1_draft_extend"] = {"phase": facts.phase, "mode": facts.mode, "batch_size": facts.batch_size,
+                                  "num_tokens": facts.num_tokens}
+    json.dump(OUT, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,25 @@
 """Interval timers behind one interface: CUDA events on the GPU, perf_counter_ns on the CPU.
 
+Hot side (the scheduler thread): ``start(now_ns) -> token | None`` and ``stop(token, now_ns)``.
+Drain side (the export thread): ``ready``, ``interval``, ``wall``, ``release``.
+
 The CUDA timer never synchronizes: events come from a pool, are recorded on the current stream
 around the call, and are later asked ``query()`` by the drain thread; only completed pairs are
 read with ``elapsed_time``. Nothing is recorded on a stream that is being captured into a CUDA
 graph (SGLang captures at startup), so capture stays valid.
+
+What one timed call costs on the hot path is, in this order: one capture check, one look-up of
+the current stream (a C call and a dict hit: ``torch.cuda.current_stream()`` would build a new
+Python ``Stream`` object every time, which costs more than the driver's record itself), and two
+event records made through the C method with that stream, or one when the previous phase's end
+event can serve as this phase's start (see ``CudaTimer``). The end event goes on the stream the
+start event went on, so the interval is one stream's.
+
+The drain thread queries events that were recorded before any capture; CUDA forbids such queries
+from other threads while a capture in the default "global" mode is under way (the capture is
+invalidated: PyTorch hit this with its NCCL watchdog). So the first time a thread resolves events
+it switches its own CUDA stream-capture interaction mode to thread-local, as PyTorch's watchdog
+does; it never captures anything itself.
 
 GPU timestamps become wall-clock span times through an *anchor*: an event recorded while the
 stream was idle, paired with the host clock at that moment. Anchors are refreshed at most once a
@@ -12,10 +28,15 @@ second, and only when the stream is found idle.
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from typing import Any, Optional, Tuple
 
 perf_counter_ns = time.perf_counter_ns
+
+#: cudaStreamCaptureModeThreadLocal: other threads' captures no longer restrict this thread.
+_CAPTURE_MODE_THREAD_LOCAL = 1
 
 
 class CpuTimer:
@@ -45,65 +66,228 @@ class CpuTimer:
         pass
 
 
+def _cudart_exchange_capture_mode():
+    """``cudaThreadExchangeStreamCaptureMode`` of the CUDA runtime torch already loaded, or None."""
+    import ctypes
+
+    path = None
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if "libcudart.so" in line:
+                    path = line.split()[-1]
+                    break
+    except OSError:
+        return None
+    if path is None:
+        return None
+    fn = ctypes.CDLL(path).cudaThreadExchangeStreamCaptureMode
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class CudaTimer:
+    """Token of ``start``: ``(start_event, anchor, stream)``; ``anchor`` is ``(event, wall_ns)``.
+
+    A start event that is its anchor's own event is not pooled (anchors stay alive).
+
+    Shared boundaries: recording a timing event costs the GPU a few microseconds too (it waits for
+    the work before it to finish before it writes its timestamp). When a phase starts while the
+    previous phase's end event, on the same stream, has not completed yet, the GPU cannot go idle
+    between the two, so a fresh start event would complete right after that end event anyway
+    (plus only whatever was launched on that stream in between, which this phase then includes):
+    that end event is reused as this phase's start. On a GPU-bound loop this halves the events per
+    phase; when the GPU has caught up (CPU-bound loops), a fresh start is recorded as before.
+
+    Events come back from the drain thread through ``_returned``; only the hot thread moves them
+    into the pool, so an end event reused as a start is pooled exactly once, after both of its
+    phases were released (``_claimed`` counts the second owner)."""
+
     kind = "cuda"
     _ANCHOR_EVERY_NS = 1_000_000_000
+    _ANCHOR_RETRY_NS = 50_000_000  # stream busy: look again in 50 ms, not at every call
     _POOL_MAX = 4096
+    _STREAMS_MAX = 256
 
     def __init__(self, torch_mod: Any) -> None:
         cuda = torch_mod.cuda
-        self._new = lambda: cuda.Event(enable_timing=True)
-        self._capturing = cuda.is_current_stream_capturing
+        C = torch_mod._C
+        Event = cuda.Event
+        self._new = lambda: Event(enable_timing=True)
+        self._Stream = cuda.Stream
         self._current_stream = cuda.current_stream
+        self._capturing = getattr(C, "_cuda_isCurrentStreamCapturing", None) or cuda.is_current_stream_capturing
+        base = getattr(C, "_CudaEventBase", None)
+        # The C methods take (event, stream) without the Python wrappers' current_stream() call.
+        self._record = getattr(base, "record", None) or Event.record
+        self._query = getattr(base, "query", None) or Event.query
+        self._elapsed = getattr(base, "elapsed_time", None) or Event.elapsed_time
+        self._stream_key = getattr(C, "_cuda_getCurrentStream", None)
+        self._streams: dict = {}
         self._pool: list = []
+        self._returned: collections.deque = collections.deque()  # appended by the drain thread
+        self._claimed: set = set()  # ids of end events reused as a start (hot thread only)
+        self._last_end: Optional[tuple] = None  # (event, stream) of the latest stop()
+        self.share_boundaries = True
         self._offset = time.time_ns() - perf_counter_ns()
         self._anchor: Optional[tuple] = None  # (event, wall_ns)
-        self._anchor_host = -self._ANCHOR_EVERY_NS
+        self._anchor_next = 0  # perf_counter_ns before which no new anchor is tried
+        self._prepared = threading.local()
+        self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
+        self.fast_stream = False
+        if self._stream_key is not None:
+            try:
+                official = self._current_stream()  # first: it runs torch's lazy CUDA init
+                self.fast_stream = self._lookup_stream() == official
+            except Exception:
+                self.fast_stream = False
+        if not self.fast_stream:
+            self.start = self._start_portable  # type: ignore[method-assign]
 
-    def _event(self):
+    # -- hot side ---------------------------------------------------------------------------
+    def _lookup_stream(self) -> Any:
+        key = self._stream_key(-1)  # (stream id, device index, device type) of the current stream
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) >= self._STREAMS_MAX:
+                self._streams.clear()
+            stream = self._Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+            self._streams[key] = stream
+        return stream
+
+    def _pop(self) -> Any:
         pool = self._pool
+        if pool:
+            return pool.pop()
+        returned, claimed = self._returned, self._claimed
+        while returned:
+            ev = returned.popleft()
+            if id(ev) in claimed:
+                claimed.discard(id(ev))  # its other phase still holds it
+            elif len(pool) < self._POOL_MAX:
+                pool.append(ev)
         return pool.pop() if pool else self._new()
 
     def start(self, now_ns: int) -> Any:
         if self._capturing():
             return None
-        if now_ns - self._anchor_host >= self._ANCHOR_EVERY_NS and (
-                self._anchor is None or self._current_stream().query()):
-            # Idle stream: the event's GPU time is now, give or take the launch latency.
-            ev = self._new()
-            ev.record()
-            self._anchor = (ev, time.time_ns())
-            self._anchor_host = now_ns
-            return (ev, self._anchor, False)
-        ev = self._event()
-        ev.record()
-        return (ev, self._anchor, True)
+        stream = self._streams.get(self._stream_key(-1))
+        if stream is None:
+            stream = self._lookup_stream()
+        if now_ns >= self._anchor_next:
+            token = self._try_anchor(now_ns, stream)
+            if token is not None:
+                return token
+        last = self._last_end
+        if last is not None:
+            self._last_end = None
+            if last[1] is stream and self.share_boundaries and not self._query(last[0]):
+                self._claimed.add(id(last[0]))
+                return (last[0], self._anchor, stream)
+        pool = self._pool
+        ev = pool.pop() if pool else self._pop()
+        self._record(ev, stream)
+        return (ev, self._anchor, stream)
+
+    def _start_portable(self, now_ns: int) -> Any:
+        if self._capturing():
+            return None
+        stream = self._current_stream()
+        if now_ns >= self._anchor_next:
+            token = self._try_anchor(now_ns, stream)
+            if token is not None:
+                return token
+        last = self._last_end
+        if last is not None:
+            self._last_end = None
+            if last[1] == stream and self.share_boundaries and not self._query(last[0]):
+                self._claimed.add(id(last[0]))
+                return (last[0], self._anchor, stream)
+        ev = self._pop()
+        self._record(ev, stream)
+        return (ev, self._anchor, stream)
+
+    def _try_anchor(self, now_ns: int, stream: Any) -> Optional[tuple]:
+        if self._anchor is not None and not stream.query():
+            self._anchor_next = now_ns + self._ANCHOR_RETRY_NS
+            return None
+        # Idle stream: the event's GPU time is now, give or take the launch latency.
+        ev = self._new()
+        self._record(ev, stream)
+        anchor = (ev, time.time_ns())
+        self._anchor = anchor
+        self._anchor_next = now_ns + self._ANCHOR_EVERY_NS
+        return (ev, anchor, stream)
 
     def stop(self, token: Any, now_ns: int) -> Any:
         if token is None:
             return None
-        ev = self._event()
-        ev.record()
+        pool = self._pool
+        ev = pool.pop() if pool else self._pop()
+        stream = token[2]
+        self._record(ev, stream)
+        self._last_end = (ev, stream)
         return ev
 
+    # -- drain side -------------------------------------------------------------------------
+    def _prepare_thread(self, start: Any) -> None:
+        """Once per resolving thread. The probe's own threads (drain, shutdown) never capture, so
+        they switch to thread-local capture mode for good (and to the events' device first: a
+        runtime call on a thread with no device set would open a context on GPU 0). Any other
+        thread (a test or benchmark calling ``drain()``) is switched only around each query."""
+        state = self._prepared
+        state.exchange = None
+        state.done = True
+        if not self.relax_capture_mode:
+            return
+        try:
+            exchange = _cudart_exchange_capture_mode()
+            if exchange is None:
+                return
+            if threading.current_thread().name.startswith("sgl-probe"):
+                import ctypes
+                import torch
+
+                torch.cuda.set_device(start[2].device_index)
+                exchange(ctypes.byref(ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)))
+            else:
+                state.exchange = exchange
+        except Exception:
+            pass
+
     def ready(self, start: Any, end: Any) -> bool:
-        return end.query()
+        state = self._prepared
+        if not getattr(state, "done", False):
+            self._prepare_thread(start)
+        exchange = state.exchange
+        if exchange is None:
+            return self._query(end)
+        import ctypes
+
+        mode = ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)
+        exchange(ctypes.byref(mode))
+        try:
+            return self._query(end)
+        finally:
+            exchange(ctypes.byref(mode))
 
     def interval(self, start: Any, end: Any) -> Tuple[int, int]:
         ev, (anchor_ev, anchor_wall), _ = start
-        t0 = anchor_wall + int(anchor_ev.elapsed_time(ev) * 1e6) if anchor_ev is not ev else anchor_wall
-        return t0, t0 + int(ev.elapsed_time(end) * 1e6)
+        elapsed = self._elapsed
+        t0 = anchor_wall if anchor_ev is ev else anchor_wall + int(elapsed(anchor_ev, ev) * 1e6)
+        return t0, t0 + int(elapsed(ev, end) * 1e6)
 
     def wall(self, host_ns: int) -> int:
         return host_ns + self._offset
 
     def release(self, start: Any, end: Any) -> None:
-        pool = self._pool
-        if len(pool) < self._POOL_MAX:
-            if start is not None and start[2]:
-                pool.append(start[0])
-            if end is not None:
-                pool.append(end)
+        """Drain side (or a dropped step on the hot side): hand the events back for reuse."""
+        returned = self._returned
+        if start is not None and start[0] is not start[1][0]:
+            returned.append(start[0])
+        if end is not None:
+            returned.append(end)
 
 
 def make_timer(choice: str, log) -> Any:

@@ -1,0 +1,253 @@
+"""Shared pieces of the GPU benchmarks: an SGLang-shaped workload, probe set-up through a target
+table of the benchmark's own (the mechanism the probe uses for SGLang), an OTLP receiver in a
+child process, and the paired-ratio statistics.
+
+Nothing here imports torch at module level, so the pure-Python parts are testable on any machine.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+WORKLOAD_MODULE = __name__  # the target table points at classes defined in this module
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+def bootstrap_median_ci(values: Sequence[float], n_boot: int = 2000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float, float]:
+    """Median and percentile-bootstrap interval of the median."""
+    vals = list(values)
+    if not vals:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(vals, k=len(vals))) for _ in range(n_boot))
+    lo = meds[int((1 - level) / 2 * n_boot)]
+    hi = meds[min(n_boot - 1, int((1 + level) / 2 * n_boot))]
+    return statistics.median(vals), lo, hi
+
+
+def rotation(variants: Sequence[str], i: int) -> list[str]:
+    """Order of the blocks in round ``i``: rotated each round, reversed every other round, so no
+    variant keeps a fixed position next to another."""
+    k = i % len(variants)
+    order = list(variants[k:]) + list(variants[:k])
+    return order[::-1] if (i // len(variants)) % 2 else order
+
+
+def paired_ratios(times: dict[str, list[float]], base: str) -> dict[str, list[float]]:
+    return {v: [t / b for t, b in zip(ts, times[base])] for v, ts in times.items() if v != base}
+
+
+def summarize_ratios(times: dict[str, list[float]], base: str) -> dict[str, dict]:
+    out = {}
+    for v, ratios in paired_ratios(times, base).items():
+        med, lo, hi = bootstrap_median_ci(ratios)
+        out[v] = {"median_ratio": med, "ci95": [lo, hi], "n_pairs": len(ratios)}
+    return out
+
+
+# -- the workload: SGLang-shaped classes, one set per variant ------------------------------------
+
+class ForwardMode(enum.Enum):
+    EXTEND = 1
+    DECODE = 2
+    TARGET_VERIFY = 3
+    IDLE = 4
+
+
+class Batch:
+    """What the probe's readers look at: forward_mode, seq_lens (length = batch size)."""
+
+    def __init__(self, mode: ForwardMode, bs: int, extend_tokens: int = 0) -> None:
+        self.forward_mode = mode
+        self.seq_lens = [1] * bs
+        self.extend_num_tokens = extend_tokens
+
+
+class Result:
+    """No ``can_run_cuda_graph`` on purpose: the graph flag must come from the graph-runner hook."""
+
+    __slots__ = ()
+
+
+RESULT = Result()
+
+
+def make_variant(tag: str, eager: Optional[Callable[[], Any]], graph: Any) -> type:
+    """Define ``Scheduler_<tag>``, ``Worker_<tag>``, ``GraphRunner_<tag>``, ``Metrics_<tag>`` in
+    this module (so a target table can name them) and return the scheduler class.
+
+    DECODE batches replay ``graph`` through the graph runner; other modes run ``eager()``. A
+    TARGET_VERIFY step reports an accept count to the metrics sink afterwards, as SGLang does."""
+    mod = sys.modules[WORKLOAD_MODULE]
+
+    class GraphRunner:
+        def replay(self) -> None:
+            if graph is not None:
+                graph.replay()
+
+    class Worker:
+        def __init__(self) -> None:
+            self.runner = GraphRunner()
+
+        def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None,
+                                     is_verify=False):
+            if batch.forward_mode is ForwardMode.DECODE:
+                self.runner.replay()
+            elif eager is not None:
+                eager()
+            return RESULT
+
+    class Metrics:
+        def update_spec_metrics(self, bs: int, num_accepted_drafts: int) -> None:
+            self.last = (bs, num_accepted_drafts)
+
+    class Scheduler:
+        def __init__(self, server_args=None, tp_rank: int = 0, pp_rank: int = 0, dp_rank=None,
+                     gpu_id: int = 0) -> None:
+            self.worker = Worker()
+            self.metrics = Metrics()
+
+        def run_batch(self, batch):
+            res = self.worker.forward_batch_generation(batch)
+            if batch.forward_mode is ForwardMode.TARGET_VERIFY:
+                self.metrics.update_spec_metrics(len(batch.seq_lens), len(batch.seq_lens))
+            return res
+
+    for cls, base in ((GraphRunner, "GraphRunner"), (Worker, "Worker"), (Metrics, "Metrics"),
+                      (Scheduler, "Scheduler")):
+        name = f"{base}_{tag}"
+        cls.__name__ = cls.__qualname__ = name
+        cls.__module__ = WORKLOAD_MODULE
+        setattr(mod, name, cls)
+    return Scheduler
+
+
+def bench_table(tag: str) -> tuple:
+    """The probe's table for one variant: the same roles and readers as SGLang's rows."""
+    from sgl_probe.targets import Target
+
+    m = WORKLOAD_MODULE
+    return (
+        Target("step", ("step",), m, f"Scheduler_{tag}.run_batch", "step"),
+        Target("identity", ("identity",), m, f"Scheduler_{tag}.__init__", "identity"),
+        Target("phase", ("decode", "extend"), m, f"Worker_{tag}.forward_batch_generation", "forward"),
+        Target("graph", ("graph",), m, f"GraphRunner_{tag}.replay", "graph"),
+        Target("accept", ("accept",), m, f"Metrics_{tag}.update_spec_metrics", "accept"),
+    )
+
+
+_PROBE_ENV_KEYS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+                   "SGL_PROBE_DRAIN_S", "SGL_PROBE_SUMMARY_S", "SGL_PROBE_TIMER", "SGL_PROBE_MAX_PENDING",
+                   "SGL_PROBE_TRACE_DIR", "OTEL_BSP_SCHEDULE_DELAY")
+
+
+@contextmanager
+def env_override(values: dict) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in set(values) | set(_PROBE_ENV_KEYS)}
+    for k in _PROBE_ENV_KEYS:
+        os.environ.pop(k, None)
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def make_probe(tag: str, env: dict, targets: Optional[tuple] = None):
+    """A real ``Probe`` (config, recorder, wrappers, pipeline) over the variant's classes."""
+    from sgl_probe import config
+    from sgl_probe.activate import Probe
+
+    with env_override(env):
+        probe = Probe(config.load(), targets=targets or bench_table(tag))
+        probe.instrumentor.instrument()
+        probe.ensure_pipeline()
+    return probe
+
+
+# -- receiver in a child process ----------------------------------------------------------------
+
+class ReceiverProcess:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu_receiver.py"), path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.endpoint = self.proc.stdout.readline().strip()
+        if not self.endpoint.startswith("http://"):
+            raise RuntimeError("receiver did not start: %r" % self.endpoint)
+
+    def env(self) -> dict:
+        return {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.endpoint,
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}
+
+    def spans(self) -> list[dict]:
+        out = []
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                for line in fh:
+                    line = line.strip()
+                    if line:
+                        out.append(json.loads(line))
+        except FileNotFoundError:
+            pass
+        return out
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except Exception:
+            self.proc.kill()
+
+
+def spin_us(us: float) -> None:
+    """CPU 'scheduler' work between steps (holds the GIL, like SGLang's Python scheduler)."""
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def versions() -> dict:
+    out = {"python": sys.version.split()[0]}
+    for name in ("torch", "wrapt", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
+                 "grpcio", "protobuf"):
+        try:
+            from importlib.metadata import version
+
+            out[name] = version(name)
+        except Exception:
+            out[name] = None
+    try:
+        from sgl_probe import __version__
+
+        out["sgl-probe"] = __version__
+    except Exception:
+        pass
+    try:
+        out["git_commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
+                                           text=True, timeout=5).stdout.strip() or None
+    except Exception:
+        out["git_commit"] = None
+    return out

@@ -1,0 +1,430 @@
+"""CPU-runnable checks of the GPU-facing logic: the NCCL confirm mode (log parsing, the probe-owned
+debug file, the span it emits), the CUDA timer's bookkeeping against a stand-in torch, and the
+benchmark's statistics. These are unit tests of the logic only; the proof on a GPU is
+benchmarks/gpu_*.py (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from sgl_probe import config, nccl_confirm
+from sgl_probe.activate import Probe
+from sgl_probe.targets import Target
+from sgl_probe.testing.receiver import OTLPReceiver
+
+ALLOW = config.DEFAULT_ENV_ALLOW
+
+# What NCCL 2.28 wrote on the H200 (shared/gpu/nccl_env.py), plus lines around it.
+NCCL_LOG = """\
+h200:1234:1234 [0] NCCL INFO Bootstrap: Using eth0:10.0.0.2<0>
+h200:1234:1234 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.
+h200:1234:1234 [0] NCCL INFO NCCL version 2.28.3+cuda13.0
+h200:1234:1290 [0] NCCL INFO NCCL_PROTO set by environment to LL
+h200:1234:1290 [0] NCCL INFO NCCL_ALGO set by environment to Ring
+h200:1234:1290 [0] NCCL INFO NCCL_PROTO set by environment to Simple
+h200:1234:1290 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0.1
+h200:1234:1290 [0] NCCL INFO NCCL_IB_PASSWORD set by environment to hunter2
+h200:1234:1290 [0] NCCL INFO ncclCommInitRankConfig comm 0x55d0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 commId 0x1 - Init COMPLETE
+"""
+
+
+# -- log parsing ---------------------------------------------------------------------------------
+
+def test_parse_log_reads_what_nccl_set_and_init_complete():
+    confirmed, complete = nccl_confirm.parse_log(NCCL_LOG)
+    assert complete
+    assert confirmed["NCCL_NVLS_ENABLE"] == "0"  # integer lines end with a period
+    assert confirmed["NCCL_PROTO"] == "LL"  # the first line NCCL printed wins
+    assert confirmed["NCCL_ALGO"] == "Ring"
+    assert confirmed["NCCL_SOCKET_IFNAME"] == "eth0.1"  # a dot inside a string value stays
+    assert "NCCL version" not in " ".join(confirmed)
+    confirmed, complete = nccl_confirm.parse_log(NCCL_LOG.replace("Init COMPLETE", "Init START"))
+    assert not complete and "NCCL_ALGO" in confirmed
+
+
+@pytest.mark.parametrize("raw,want", [("0.", "0"), ("-1.", "-1"), ("LL", "LL"), ("1.5", "1.5"),
+                                      ("eth0.", "eth0."), ("  Ring  ", "Ring")])
+def test_clean_value(raw, want):
+    assert nccl_confirm.clean_value(raw) == want
+
+
+def test_expand_debug_file_like_nccl():
+    assert nccl_confirm.expand_debug_file("/d/nccl.%h.%p.log", 42, "hostA") == "/d/nccl.hostA.42.log"
+    assert nccl_confirm.expand_debug_file("/d/100%x.log", 42, "h") == "/d/100%x.log"
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV", "NCCL_DEBUG_FILE": "/p/nccl.%p.log"}),
+    ({"NCCL_DEBUG": "WARN"}, {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV",
+                              "NCCL_DEBUG_FILE": "/p/nccl.%p.log"}),
+    ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "COLL", "NCCL_DEBUG_FILE": "/mine.%p"},
+     {"NCCL_DEBUG_SUBSYS": "COLL,INIT,ENV"}),
+    ({"NCCL_DEBUG": "info", "NCCL_DEBUG_SUBSYS": "ALL", "NCCL_DEBUG_FILE": "/mine"}, {}),
+    ({"NCCL_DEBUG_SUBSYS": "^INIT,ENV", "NCCL_DEBUG_FILE": "/mine"}, {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ALL"}),
+    ({"NCCL_DEBUG_SUBSYS": "^COLL,ENV", "NCCL_DEBUG_FILE": "/mine"}, {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "^COLL"}),
+])
+def test_debug_plan_keeps_the_users_own_settings(env, want):
+    changes, pattern = nccl_confirm.debug_plan(env, "/p")
+    assert changes == want
+    assert pattern == env.get("NCCL_DEBUG_FILE", "/p/nccl.%p.log")
+
+
+# -- the confirmer, with a fake NCCL log written by the test ----------------------------------------
+
+def _confirmer(tmp_path, environ):
+    sent = []
+    c = nccl_confirm.Confirmer(ALLOW, lambda attrs, when: sent.append(attrs), directory=str(tmp_path),
+                               environ=environ)
+    return c, sent
+
+
+def test_confirmer_attributes_late_variable_present_but_not_confirmed(tmp_path):
+    environ = {"NCCL_ALGO": "Ring", "NCCL_NVLS_ENABLE": "0", "NCCL_IB_PASSWORD": "hunter2", "PATH": "/bin"}
+    c, sent = _confirmer(tmp_path, environ)
+    changes = c.arm()
+    assert set(changes) == {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"}
+    assert environ["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl.%p.log")
+    assert c.path == str(tmp_path / ("nccl.%d.log" % os.getpid()))
+    log_text = "\n".join(ln for ln in NCCL_LOG.splitlines() if "NCCL_PROTO" not in ln)
+    (tmp_path / ("nccl.%d.log" % os.getpid())).write_text(log_text)
+    environ["NCCL_PROTO"] = "LL"  # set by the worker after NCCL init
+    t0 = time.monotonic()
+    since = c.poll_once(now=t0)
+    assert since == t0 and not sent  # grace period: NCCL may still be reading variables
+    c.poll_once(now=t0 + c.GRACE_S + 0.01, complete_since=since)
+    assert len(sent) == 1
+    a = sent[0]
+    assert a["sgl_probe.snapshot_point"] == "nccl_confirm"
+    assert a["sgl_probe.nccl.status"] == "init_complete"
+    assert a["env.NCCL_PROTO"] == "LL" and "nccl.confirmed.NCCL_PROTO" not in a
+    assert "NCCL_PROTO" in a["sgl_probe.nccl.not_confirmed"]
+    assert a["nccl.confirmed.NCCL_ALGO"] == "Ring" and a["nccl.confirmed.NCCL_NVLS_ENABLE"] == "0"
+    assert "NCCL_ALGO" in a["sgl_probe.nccl.confirmed"]
+    # The probe's own debug settings are not shown as the user's env, but are listed.
+    assert not any(k.startswith("env.NCCL_DEBUG") for k in a)
+    assert "NCCL_DEBUG=INFO" in a["sgl_probe.nccl.set_by_probe"]
+    # Secret-looking names: never a value, confirmed or not.
+    assert "nccl.confirmed.NCCL_IB_PASSWORD" not in a and "hunter2" not in json.dumps(a)
+    assert a["sgl_probe.nccl.confirmed_withheld"] == ["NCCL_IB_PASSWORD"]
+    assert a["sgl_probe.nccl.debug_file"] == c.path
+    assert c.finish() is False and len(sent) == 1  # once only
+
+
+def test_confirmer_reports_value_mismatch_and_no_log(tmp_path):
+    environ = {"NCCL_PROTO": "ll"}
+    c, sent = _confirmer(tmp_path, environ)
+    c.arm()
+    c._armed_at -= c.TIMEOUT_S + 1
+    c.poll_once()
+    assert sent[0]["sgl_probe.nccl.status"] == "no_log"  # NCCL never initialised after arming
+    c2, sent2 = _confirmer(tmp_path / "x", {"NCCL_PROTO": "ll"})
+    os.makedirs(tmp_path / "x")
+    c2.arm()
+    open(c2.path, "w").write("x [0] NCCL INFO NCCL_PROTO set by environment to LL\n")
+    c2.finish()
+    assert sent2[0]["sgl_probe.nccl.status"] == "incomplete"
+    assert sent2[0]["sgl_probe.nccl.value_differs"] == ["NCCL_PROTO"]
+
+
+def test_confirmer_in_forked_child_does_not_emit(tmp_path):
+    c, sent = _confirmer(tmp_path, {})
+    c.arm()
+    c.pid = -1  # as if this object were inherited through fork
+    assert c.finish() is False and not sent
+
+
+# -- the probe's nccl_init hook in confirm mode, through the real wrappers and exporter -------------
+
+def _unset(monkeypatch, key: str) -> None:
+    """Unset now and restore the original (set or unset) at teardown, whoever changes it meanwhile."""
+    monkeypatch.setenv(key, "x")
+    monkeypatch.delenv(key)
+
+
+def fake_init_process_group(backend=None, **kwargs):
+    """Stands in for torch.distributed.init_process_group: NCCL writes its log during init."""
+    path = nccl_confirm.expand_debug_file(os.environ["NCCL_DEBUG_FILE"], os.getpid())
+    with open(path, "w") as fh:
+        fh.write(NCCL_LOG.replace("NCCL_PROTO set by environment to Simple", ""))
+    return "ok"
+
+
+def test_probe_confirm_mode_end_to_end(monkeypatch):
+    for key in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "SGL_PROBE_RUN_ID", "OTEL_SERVICE_NAME"):
+        _unset(monkeypatch, key)  # the probe sets NCCL_DEBUG*: restored after the test
+    monkeypatch.setattr(nccl_confirm.Confirmer, "GRACE_S", 0.1)
+    monkeypatch.setattr(nccl_confirm.Confirmer, "POLL_S", 0.05)
+    mod = sys.modules[__name__]
+    table = (Target("nccl_init", ("nccl_init",), mod.__name__, "fake_init_process_group", "nccl_init"),)
+    with OTLPReceiver() as rcv:
+        for k, v in {**rcv.env("grpc"), "SGL_PROBE_NCCL_CONFIRM": "1", "SGL_PROBE_SUMMARY_S": "0",
+                     "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "OTEL_BSP_SCHEDULE_DELAY": "50"}.items():
+            monkeypatch.setenv(k, v)
+        probe = Probe(config.load(), targets=table)
+        probe.instrumentor.instrument()
+        try:
+            assert mod.fake_init_process_group("nccl") == "ok"
+            assert os.environ["NCCL_DEBUG"] == "INFO"
+            assert probe.nccl_confirmer.done.wait(10)
+            probe.pipeline.flush()
+            spans = rcv.wait_for(lambda s: sum(x.name == "sgl_probe.env_snapshot" for x in s) >= 3, timeout=10)
+        finally:
+            probe.instrumentor.uninstrument()
+            probe.pipeline.shutdown()
+    snaps = {s.attributes["sgl_probe.snapshot_point"]: s.attributes for s in spans
+             if s.name == "sgl_probe.env_snapshot"}
+    init, conf = snaps["nccl_init"], snaps["nccl_confirm"]
+    assert init["env.NCCL_PROTO"] == "LL" and "env.NCCL_DEBUG" not in init  # taken before arming
+    assert init["sgl_probe.nccl.debug_file"] == conf["sgl_probe.nccl.debug_file"]
+    assert conf["nccl.confirmed.NCCL_PROTO"] == "LL" and conf["nccl.confirmed.NCCL_ALGO"] == "Ring"
+    assert conf["sgl_probe.nccl.status"] == "init_complete"
+    assert "env.NCCL_DEBUG" not in conf and "env.NCCL_DEBUG_FILE" not in conf
+
+
+def test_confirm_mode_is_off_by_default(monkeypatch):
+    _unset(monkeypatch, "SGL_PROBE_NCCL_CONFIRM")
+    _unset(monkeypatch, "NCCL_DEBUG")
+    mod = sys.modules[__name__]
+    table = (Target("nccl_init", ("nccl_init",), mod.__name__, "fake_init_process_group", "nccl_init"),)
+    monkeypatch.setenv("NCCL_DEBUG_FILE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache",
+                                                       "nccl-off.%p.log"))
+    os.makedirs(os.path.join(os.path.dirname(__file__), "..", ".pytest_cache"), exist_ok=True)
+    probe = Probe(config.load({"SGL_PROBE_SUMMARY_S": "0"}), targets=table)
+    probe.instrumentor.instrument()
+    try:
+        mod.fake_init_process_group("nccl")
+        assert probe.nccl_confirmer is None and "NCCL_DEBUG" not in os.environ
+    finally:
+        probe.instrumentor.uninstrument()
+        if probe.pipeline is not None:
+            probe.pipeline.shutdown()
+
+
+# -- CUDA timer bookkeeping against a stand-in torch (logic only) ------------------------------------
+
+class _FakeTorch:
+    """Just enough of torch.cuda / torch._C for CudaTimer: events carry a fake GPU time in ms."""
+
+    def __init__(self):
+        fake = self
+        self.capturing = False
+        self.gpu_ms = 0.0  # how far the fake GPU has got
+        self.queued_ms = 0.0  # where newly recorded events land (>= gpu_ms: work still queued)
+        self.records = []
+        self.current = (3, 0, 1)  # (stream id, device index, device type)
+
+        class Event:
+            created = 0
+
+            def __init__(self, enable_timing=False):
+                Event.created += 1
+                self.t = None
+
+            def record(self, stream=None):
+                fake._record(self, stream)
+
+            def query(self):
+                return self.t is not None and self.t <= fake.gpu_ms
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+        class Stream:
+            def __init__(self, stream_id=0, device_index=0, device_type=1):
+                self.key = (stream_id, device_index, device_type)
+                self.device_index = device_index
+
+            def query(self):
+                return True
+
+            def __eq__(self, other):
+                return isinstance(other, Stream) and other.key == self.key
+
+            __hash__ = object.__hash__
+
+        class Base:
+            record = Event.record
+            query = Event.query
+            elapsed_time = Event.elapsed_time
+
+        class C:
+            _CudaEventBase = Base
+
+            @staticmethod
+            def _cuda_isCurrentStreamCapturing():
+                return fake.capturing
+
+            @staticmethod
+            def _cuda_getCurrentStream(idx):
+                assert idx == -1
+                return fake.current
+
+        class Cuda:
+            pass
+
+        Cuda.Event, Cuda.Stream = Event, Stream
+        Cuda.current_stream = staticmethod(lambda: Stream(*fake.current))
+        Cuda.is_current_stream_capturing = staticmethod(lambda: fake.capturing)
+        self.cuda, self._C, self.Event = Cuda, C, Event
+
+    def _record(self, ev, stream):
+        assert stream is not None, "records must name their stream"
+        assert not self.capturing, "a timing event recorded during capture breaks the capture"
+        ev.t = max(self.gpu_ms, self.queued_ms)
+        self.records.append((ev, stream.key))
+
+
+def test_cuda_timer_bookkeeping_with_stand_in_torch():
+    from sgl_probe.timing import CudaTimer
+
+    ft = _FakeTorch()
+    timer = CudaTimer(ft)
+    timer.relax_capture_mode = False
+    assert timer.fast_stream
+    now = 10**12
+    tok = timer.start(now)  # the first start is also the first anchor
+    ft.gpu_ms += 2.0
+    end = timer.stop(tok, now + 1)
+    assert tok[0] is tok[1][0] and tok[2].key == ft.current
+    assert timer.ready(tok, end)
+    t0, t1 = timer.interval(tok, end)
+    assert t1 - t0 == 2_000_000
+    timer.release(tok, end)
+    # Ordinary phases (GPU caught up, so no sharing): pooled events, the end on the start's
+    # stream, one Stream object per stream.
+    tok2 = timer.start(now + 10)
+    assert tok2[0] is end and tok2[1] is tok[1]  # the released end event came back from the pool
+    ft.current = (4, 0, 1)  # the call switches streams: the end still goes on the start's stream
+    ft.gpu_ms += 1.5
+    end2 = timer.stop(tok2, now + 11)
+    assert ft.records[-1][1] == (3, 0, 1)
+    a, b = timer.interval(tok2, end2)
+    assert a - t0 == 2_000_000 and b - a == 1_500_000
+    ft.capturing = True
+    assert timer.start(now + 20) is None and timer.stop(None, now + 21) is None
+    ft.capturing = False
+    assert len(timer._streams) == 1
+    timer.start(now + 30)
+    assert len(timer._streams) == 2
+    # A second later, with the stream idle, a fresh anchor is taken.
+    anchored = timer.start(now + 2 * CudaTimer._ANCHOR_EVERY_NS)
+    assert anchored[0] is anchored[1][0] and anchored[1] is not tok[1]
+
+
+def test_cuda_timer_shares_a_boundary_only_while_the_gpu_is_behind():
+    from sgl_probe.timing import CudaTimer
+
+    ft = _FakeTorch()
+    timer = CudaTimer(ft)
+    timer.relax_capture_mode = False
+    now = 10**12
+    first = timer.start(now)  # anchor
+    ft.queued_ms = 5.0  # the GPU is 5 ms behind the host from here on
+    e1 = timer.stop(first, now + 1)
+    s2 = timer.start(now + 2)  # e1 not reached yet: the GPU cannot idle in between
+    assert s2[0] is e1
+    ft.queued_ms = 9.0
+    e2 = timer.stop(s2, now + 3)
+    ft.gpu_ms = ft.queued_ms = 20.0  # the GPU catches up and goes idle
+    s3 = timer.start(now + 4)
+    assert s3[0] is not e2  # a fresh start: idle time must not be counted
+    ft.queued_ms = 23.0
+    e3 = timer.stop(s3, now + 5)
+    ft.gpu_ms = 30.0
+    assert timer.interval(s2, e2)[1] - timer.interval(s2, e2)[0] == 4_000_000
+    # Another stream in between: no sharing across streams.
+    ft.queued_ms = 40.0
+    s4 = timer.start(now + 6)
+    e4 = timer.stop(s4, now + 7)
+    ft.current = (9, 0, 1)
+    s5 = timer.start(now + 8)
+    assert s5[0] is not e4
+    timer.stop(s5, now + 9)
+    # e1 belongs to two phases: pooled once, after both were released, in either order.
+    timer.release(first, e1)
+    timer.release(s3, e3)  # a later step released first (e.g. dropped on the hot side)
+    timer.release(s2, e2)
+    pool_ids = []
+    while True:
+        ev = timer._pop()
+        if id(ev) in pool_ids or ev.t is None:
+            break
+        pool_ids.append(id(ev))
+    assert pool_ids.count(id(e1)) == 1
+    assert not timer._claimed
+    timer.share_boundaries = False
+    ft.gpu_ms, ft.queued_ms = 50.0, 60.0
+    s6 = timer.start(now + 10)
+    e6 = timer.stop(s6, now + 11)
+    assert timer.start(now + 12)[0] is not e6
+
+
+def test_cuda_timer_falls_back_when_stream_lookup_is_missing():
+    from sgl_probe.timing import CudaTimer
+
+    ft = _FakeTorch()
+    del ft._C._cuda_getCurrentStream
+    timer = CudaTimer(ft)
+    assert not timer.fast_stream
+    tok = timer.start(10**12)
+    ft.gpu_ms += 1.0
+    end = timer.stop(tok, 10**12 + 5)
+    assert timer.ready(tok, end) and timer.interval(tok, end)[1] - timer.interval(tok, end)[0] == 1_000_000
+
+
+# -- benchmark helpers ----------------------------------------------------------------------------
+
+def _bench():
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import gpu_common
+
+    return gpu_common
+
+
+def test_rotation_balances_positions():
+    gc = _bench()
+    variants = ["a", "b", "c", "d"]
+    counts = {(v, pos): 0 for v in variants for pos in range(4)}
+    nxt = {v: 0 for v in variants}  # how often v directly precedes b: no fixed neighbour
+    for i in range(16):
+        order = gc.rotation(variants, i)
+        assert sorted(order) == variants
+        for pos, v in enumerate(order):
+            counts[(v, pos)] += 1
+        for x, y in zip(order, order[1:]):
+            if y == "b":
+                nxt[x] += 1
+    assert set(counts.values()) == {4}
+    assert sum(1 for v in nxt.values() if v) >= 2
+
+
+def test_bootstrap_interval_brackets_the_median():
+    gc = _bench()
+    vals = [1.0 + 0.001 * ((i * 37) % 11) for i in range(150)]
+    med, lo, hi = gc.bootstrap_median_ci(vals)
+    assert lo <= med <= hi and hi - lo < 0.01
+    s = gc.summarize_ratios({"u": [1.0, 2.0, 1.0], "p": [1.01, 2.02, 1.01]}, "u")
+    assert abs(s["p"]["median_ratio"] - 1.01) < 1e-9 and s["p"]["n_pairs"] == 3
+
+
+def test_kernel_event_parser(tmp_path):
+    _bench()
+    import gpu_bench
+
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "ts": 10.0, "dur": 5.0, "name": "k1"},
+        {"ph": "X", "cat": "cpu_op", "ts": 1.0, "dur": 50.0, "name": "aten::mm"},
+        {"ph": "X", "cat": "gpu_memset", "ts": 2.0, "dur": 1.0, "name": "m"},
+        {"ph": "i", "cat": "kernel", "ts": 3.0, "name": "marker"},
+    ]}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(trace))
+    assert gpu_bench._kernel_events(str(p)) == [(2.0, 1.0), (10.0, 5.0)]

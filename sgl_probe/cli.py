@@ -1,5 +1,6 @@
-"""``sgl-probe``: ``doctor`` (which targets resolve in the installed SGLang) and ``run`` (any
-command with the probe active through PYTHONPATH, like ``opentelemetry-instrument``)."""
+"""``sgl-probe``: ``doctor`` (which targets resolve in the installed SGLang), ``run`` (any
+command with the probe active through PYTHONPATH, like ``opentelemetry-instrument``) and
+``report`` (phase table, speculative verdict, stragglers, Jaeger/Perfetto files from spans)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from sgl_probe.report.command import run as run_report
+
+    return run_report(args)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="sgl-probe", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -84,6 +91,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run = sub.add_parser("run", help="run a command with the probe active (PYTHONPATH sitecustomize)")
     run.add_argument("command", nargs=argparse.REMAINDER)
     run.set_defaults(func=cmd_run)
+    rep = sub.add_parser(
+        "report", help="summarise spans: phase table, spec-decoding verdict, stragglers, Jaeger/Perfetto files, plots",
+        description="Summarise sgl-probe spans: per-phase table (x cuda_graph, batch size, rank), the "
+                    "speculative-decoding break-even verdict, same-step stragglers, env snapshots; optionally "
+                    "Jaeger JSON, Perfetto and PNG files. Exit status: 0 report printed (input problems, if any, "
+                    "named on stderr); 2 nothing to report, bad usage or a file that cannot be written; 3 --plot "
+                    "without matplotlib.")
+    from sgl_probe.report.options import add_arguments  # argparse only; the report code loads in cmd_report
+
+    add_arguments(rep)
+    rep.set_defaults(func=cmd_report)
     args = parser.parse_args(argv)
     return args.func(args)
 

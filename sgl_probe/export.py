@@ -207,7 +207,7 @@ class Pipeline:
                 finally:
                     for ph in st.phases:
                         timer.release(ph.t_start, ph.t_end)
-                self.summary.add(spans_mod.iter_durations(spans[1:]))
+                self.summary.add(spans[1:])
                 if self._sampled(trace_id):
                     self._emit(spans)
                 else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -132,9 +132,3 @@ def build_env_span(attrs: dict, when_ns: int, run_id: str, ident: dict, resource
         name="sgl_probe.env_snapshot", context=ctx, parent=None, resource=resource, attributes=full,
         kind=SpanKind.INTERNAL, start_time=when_ns, end_time=when_ns,
         instrumentation_scope=SCOPE)
-
-
-def iter_durations(spans: Iterable[ReadableSpan]):
-    for s in spans:
-        if s.name != "sglang.step":
-            yield s.name[len("sglang."):], s.attributes["sgl_probe.duration_ms"], s.attributes["sglang.cuda_graph"]

@@ -294,3 +294,20 @@ def test_unreachable_collector_and_bad_config_do_not_hurt_the_server(sglang_venv
         assert lines and accepted in lines[0], log[-3000:]
     assert "disabled after an internal error" not in log and "activation failed" not in log
     assert load_s < 60 and stop_s < 30, (load_s, stop_s)
+
+
+def test_report_reads_the_real_trace_dir(probed_run: Run):
+    """``sgl-probe report`` on the files a real server wrote agrees with what arrived over OTLP."""
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "sgl_probe.cli", "report", str(probed_run.trace_dir), "--json",
+                          "--by-rank"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    counts = Counter()
+    for row in doc["phases"]:
+        counts[row["phase"]] += row["count"]
+    otlp = Counter(s.name[len("sglang."):] for s in probed_run.spans
+                   if s.name.startswith("sglang.") and s.name != "sglang.step")
+    assert counts == otlp
+    assert not doc["problems"]

@@ -1,0 +1,243 @@
+"""`sgl-probe report` over a large trace dir: wall time and peak memory (target: 1 000 000 spans in
+under 30 s on a 2-core machine, streaming).
+
+The trace dir is what a 4-rank EAGLE-3 server with ``SGL_PROBE_TRACE_DIR`` would leave: one
+``sgl-probe-<pid>.jsonl`` per rank, written by the probe's own span builder
+(``spans.build_step_spans`` / ``build_env_span``) and exporter (``JsonLinesExporter``, 512 spans
+per line like the BatchSpanProcessor), from synthetic step records: mostly spec steps (draft with
+a graph, verify without one in 97 % of steps, draft-extend), some plain graph-decode steps and
+prefills, a slow rank, env snapshots. Generation is not timed and is cached (``--dir``).
+
+    python3 benchmarks/report_scale.py [--spans 1000000] [--ranks 4] [--dir DIR]
+                                        [--json benchmarks/results/report_scale.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BATCH = 512  # the BatchSpanProcessor's default max export batch
+RUN_ID = "bench-report-scale"
+#: Mean ms per call (GPU-like numbers from the motivating case).
+MEANS = {"decode": 12.1, "extend": 45.0, "draft": 4.0, "verify": 29.0, "draft_extend": 2.0}
+
+
+class _Timer:
+    """Hands the span builder synthetic intervals (a CUDA-timer-shaped object)."""
+    kind = "cuda"
+
+    def interval(self, start, end):
+        return start, end
+
+    def wall(self, host_ns):
+        return host_ns
+
+
+def _rank_file(trace_dir: str, rank: int, n_spans: int, seed: int) -> int:
+    from sgl_probe import config, envsnap, spans as spans_mod
+    from sgl_probe.export import JsonLinesExporter, make_resource
+    from sgl_probe.readers import Facts
+    from sgl_probe.recorder import PhaseRecord, StepRecord
+
+    rng = random.Random(seed * 1000 + rank)
+    ident = {"tp_rank": rank, "dp_rank": 0, "pp_rank": 0}
+    spec = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "num_draft_tokens": 4}
+    resource = make_resource(ident, RUN_ID, "0.5.23")
+    exporter = JsonLinesExporter(os.path.join(trace_dir, f"sgl-probe-{4000 + rank}.jsonl"))
+    timer = _Timer()
+    now = 1_795_000_000_000_000_000
+    env = {"NCCL_PROTO": "LL", "NCCL_IB_HCA": f"mlx5_{rank}", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    buf = [spans_mod.build_env_span(envsnap.snapshot_attributes(point, config.DEFAULT_ENV_ALLOW, env),
+                                    now, RUN_ID, ident, resource) for point in ("process_start", "nccl_init")]
+    written = 0
+    step = 0
+    slow = 1.12 if rank == 3 else 1.0  # rank 3 is the straggler
+
+    def phase(name: str, mode: str, bs: int, t0: int, graph: bool, accept=None) -> PhaseRecord:
+        ms = MEANS[name] * rng.lognormvariate(0, 0.08) * (slow if name == "verify" else 1.0)
+        if name == "verify" and graph:
+            ms = MEANS["decode"] * 1.1 * rng.lognormvariate(0, 0.05)
+        ph = PhaseRecord(Facts(name, mode, bs, bs * 4), "bench:" + name, t0, t0)
+        ph.t_end = t0 + int(ms * 1e6)
+        ph.host1 = t0 + int(0.3e6)
+        ph.graph = graph
+        ph.accept_length = accept
+        return ph
+
+    while written + len(buf) < n_spans:
+        step += 1
+        bs = rng.choice((1, 2, 4, 8, 16))
+        kind = "prefill" if step % 50 == 1 else "decode" if step % 10 == 0 else "spec"
+        st = StepRecord(step, Facts("step", "EXTEND" if kind == "prefill" else "DECODE", bs, bs), now)
+        t = now + int(0.2e6)
+        if kind == "prefill":
+            chain = [("extend", "EXTEND", False, None), ("draft_extend", "DRAFT_EXTEND_V2", False, None)]
+        elif kind == "decode":
+            chain = [("decode", "DECODE", True, None)]
+        else:
+            chain = [("draft", "DECODE", True, None),
+                     ("verify", "TARGET_VERIFY", rng.random() < 0.03, round(rng.gauss(2.0, 0.4) * bs) / bs),
+                     ("draft_extend", "DRAFT_EXTEND_V2", True, None)]
+        for name, mode, graph, accept in chain:
+            ph = phase(name, mode, bs, t, graph, max(1.0, accept) if accept is not None else None)
+            st.phases.append(ph)
+            t = ph.t_end + int(0.05e6)
+        st.host1 = t + int(0.1e6)
+        now = st.host1 + int(0.5e6)
+        buf += spans_mod.build_step_spans(st, timer, RUN_ID, ident, spec, resource)[1]
+        if len(buf) >= BATCH:
+            exporter.export(buf[:BATCH])
+            written += BATCH
+            buf = buf[BATCH:]
+    if buf:
+        exporter.export(buf)
+        written += len(buf)
+    return written
+
+
+def generate(trace_dir: str, n_spans: int, ranks: int = 4, seed: int = 0, workers: int | None = None) -> int:
+    """Write about ``n_spans`` spans (whole steps, so a few more) over ``ranks`` rank files."""
+    os.makedirs(trace_dir, exist_ok=True)
+    per_rank = [n_spans // ranks + (1 if r < n_spans % ranks else 0) for r in range(ranks)]
+    workers = workers or min(ranks, os.cpu_count() or 1)
+    if workers <= 1:
+        return sum(_rank_file(trace_dir, r, n, seed) for r, n in enumerate(per_rank))
+    with ProcessPoolExecutor(workers) as pool:
+        return sum(pool.map(_rank_file, [trace_dir] * ranks, range(ranks), per_rank, [seed] * ranks))
+
+
+def _tree_rss_kib(root: int) -> int:
+    """Sum of VmRSS over ``root`` and its descendants (from /proc)."""
+    parent: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                stat = fh.read()
+            with open(f"/proc/{name}/status") as fh:
+                status = fh.read()
+        except OSError:
+            continue
+        pid = int(name)
+        parent[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                rss[pid] = int(line.split()[1])
+    total = 0
+    for pid, kib in rss.items():
+        p = pid
+        while p and p != root:
+            p = parent.get(p, 0)
+        if p == root:
+            total += kib
+    return total
+
+
+def time_report(trace_dir: str, *extra: str) -> dict:
+    """Run ``sgl-probe report`` as a user would (a fresh process): wall time, CPU time and the
+    peak RSS of exactly that process (``wait4``)."""
+    cmd = [sys.executable, "-m", "sgl_probe.cli", "report", trace_dir, *extra]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=str(ROOT))
+        peak_tree = [0]
+        done = threading.Event()
+
+        def sample() -> None:  # the report and its reader processes together
+            while not done.wait(0.1):
+                peak_tree[0] = max(peak_tree[0], _tree_rss_kib(proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        done.set()
+        sampler.join()
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"cmd": " ".join(cmd[2:]), "rc": proc.returncode, "wall_s": round(wall, 2),
+                "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+                "peak_tree_rss_mib": round(peak_tree[0] / 1024, 1),
+                "stdout": out.read().decode(), "stderr": err.read().decode()}
+
+
+def dir_stats(trace_dir: str) -> dict:
+    files = [os.path.join(trace_dir, n) for n in os.listdir(trace_dir) if n.endswith(".jsonl")]
+    return {"files": len(files), "bytes": sum(os.path.getsize(f) for f in files)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spans", type=int, default=1_000_000)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--dir", help="trace dir to use (generated there if it holds no .jsonl yet; kept)")
+    ap.add_argument("--json", help="write the numbers here, e.g. benchmarks/results/report_scale.json")
+    ap.add_argument("--repeat", type=int, default=1, help="time the report this many times")
+    args = ap.parse_args()
+    tmp = None
+    trace_dir = args.dir
+    if trace_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="sgl-probe-report-scale-")
+        trace_dir = tmp.name
+    generated = None
+    if not any(n.endswith(".jsonl") for n in os.listdir(trace_dir)) if os.path.isdir(trace_dir) else True:
+        t0 = time.perf_counter()
+        n = generate(trace_dir, args.spans, args.ranks)
+        generated = {"spans": n, "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"generated {n:,} spans in {generated['seconds']} s into {trace_dir}", flush=True)
+    stats = dir_stats(trace_dir)
+    print(f"trace dir: {stats['files']} files, {stats['bytes'] / 2**20:,.0f} MiB", flush=True)
+    runs = []
+    for _ in range(args.repeat):
+        for extra in ((), ("--by-rank",), ("--json",)):
+            load_before = os.getloadavg()[0]
+            r = time_report(trace_dir, *extra)
+            r["loadavg_1m_before"] = round(load_before, 2)
+            r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+            if r["rc"] != 0:
+                print(r["stderr"], file=sys.stderr)
+                raise SystemExit(f"report failed ({r['rc']}): {r['cmd']}")
+            runs.append({k: v for k, v in r.items() if k not in ("stdout", "stderr")})
+            print(f"{r['cmd']}: wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s (all processes), peak RSS "
+                  f"{r['peak_rss_mib']:.0f} MiB (largest process), {r['peak_tree_rss_mib']:.0f} MiB (all together, sampled); load average {r['loadavg_1m_before']} -> "
+                  f"{r['loadavg_1m_after']}", flush=True)
+            if extra == ():
+                print(r["stdout"])
+            if extra == ("--json",):
+                spans = json.loads(r["stdout"])["input"]["spans"]
+    result = {"spans": spans, "ranks": args.ranks, "trace_dir_bytes": stats["bytes"], "generated": generated,
+              "runs": runs, "worst_wall_s": max(r["wall_s"] for r in runs),
+              "worst_peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+              "worst_peak_tree_rss_mib": max(r["peak_tree_rss_mib"] for r in runs), "target_wall_s": 30,
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+              "date": time.strftime("%Y-%m-%d")}
+    print(f"{spans:,} spans: worst wall {result['worst_wall_s']:.1f} s (target < 30 s), "
+          f"worst peak RSS {result['worst_peak_rss_mib']:.0f} MiB per process, "
+          f"{result['worst_peak_tree_rss_mib']:.0f} MiB all processes")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if tmp is not None:
+        tmp.cleanup()
+    return 0 if result["worst_wall_s"] < 30 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

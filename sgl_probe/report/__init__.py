@@ -1,0 +1,26 @@
+"""``sgl-probe report``: read spans back (trace dirs, Jaeger JSON, Jaeger's query API) and turn a
+whole run into a phase table, a speculative-decoding verdict, a cross-rank straggler view, and
+files people can open without a collector (Jaeger JSON, Perfetto trace events, plots).
+
+Kept free of imports: ``sgl-probe doctor`` and the server-side summary line must not pay for it.
+One job per module:
+
+=================  ==============================================================
+``model``          the span record every reader yields; input problems
+``otlp``           OTLP/JSON lines (``SGL_PROBE_TRACE_DIR`` files) and documents
+``jaeger_in``      Jaeger ``/api/traces`` JSON, from a file or over HTTP
+``sources``        SOURCE arguments -> one stream of spans (format sniffing)
+``stats``          percentiles, batch-size buckets
+``aggregate``      streaming aggregation: phases, steps, ranks, spec cycles, env
+``verdict``        the break-even math (shared with the live summary line)
+``speculative``    verdict inputs from aggregates (batch-size matching, what-ifs)
+``stragglers``     same step, ranks side by side
+``keep``           the first N traces, kept whole for the file writers
+``document``       the report as one JSON-able dict
+``text``           the terminal rendering
+``jaeger_out``     Jaeger UI "JSON file" upload format
+``perfetto``       Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing)
+``plot``           matplotlib PNG (optional extra)
+``command``        the CLI glue
+=================  ==============================================================
+"""

@@ -1,0 +1,536 @@
+"""Streaming aggregation: every span is seen once and folded into compact arrays, so a report over
+a million spans holds a few numbers per span and never the spans themselves.
+
+What is kept:
+- phase durations per (phase, cuda_graph, batch-size bucket, rank), as ``array('d')``;
+- per rank, dense arrays indexed by step index (the probe's per-process step counter, the same on
+  every TP rank): the step span's start / end / batch size, and per phase the summed duration of
+  that phase's calls in that step. Step composition (spec cycle vs decode step), the overlap-clipped
+  step time and the same-step straggler view are computed from these in :meth:`finish`, so the
+  order spans arrive in does not matter and partial aggregators (one per file chunk, read in
+  parallel) merge exactly: :meth:`merge`;
+- accept lengths, speculative settings, timers, versions, env snapshots.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from array import array
+from typing import Any, Optional
+
+from sgl_probe.report.model import ENV, PHASE_NAMES, STEP, Span
+from sgl_probe.report.stats import bucket
+
+NAN = float("nan")
+#: A step index beyond this is not trusted for the dense per-step arrays.
+MAX_STEP_INDEX = 50_000_000
+NO_BS = -1
+
+RankKey = tuple  # (run_id, dp, pp, tp, pid-when-no-tp)
+
+
+def _num(x: Any) -> Optional[float]:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def _int(x: Any) -> Optional[int]:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    return None
+
+
+def _list(x: Any) -> list:
+    """Array attributes: a list from OTLP, a JSON string from Jaeger."""
+    if isinstance(x, list):
+        return x
+    if isinstance(x, str) and x.startswith("["):
+        import json
+
+        try:
+            val = json.loads(x)
+            return val if isinstance(val, list) else []
+        except ValueError:
+            return []
+    return []
+
+
+def _grow(arr: array, idx: int, fill) -> None:
+    if idx >= len(arr):
+        n = max(idx + 1 - len(arr), len(arr), 64)
+        arr.extend(array(arr.typecode, [fill]) * n)
+
+
+def _merge_dense(dst: array, src: array, absent, add: bool, lo: int = 0) -> None:
+    """Fold ``src`` into ``dst`` by index (from ``lo``, below which ``src`` holds nothing): absent
+    slots take the other's value; where both are present, durations add (a phase called in two
+    chunks of one step) and the rest keep ``dst``."""
+    _grow(dst, len(src) - 1, absent)
+    nan = absent != absent
+    for i in range(lo, len(src)):
+        v = src[i]
+        if (v != v) if nan else (v == absent):
+            continue
+        d = dst[i]
+        if (d != d) if nan else (d == absent):
+            dst[i] = v
+        elif add:
+            dst[i] = d + v
+
+
+def _raw_value(v: Any, kind: str) -> Any:
+    """The value of an OTLP ``AnyValue`` dict expected to hold ``kind``; any other shape is
+    decoded generically."""
+    if not v:
+        return None
+    x = v.get(kind) if type(v) is dict else None
+    if x is None:
+        from sgl_probe.report.otlp import any_value
+
+        return any_value(v)
+    return x
+
+
+def _raw_int(v: Any) -> Optional[int]:
+    if not v:
+        return None
+    x = v.get("intValue") if type(v) is dict else None
+    if type(x) is str:
+        try:
+            return int(x)
+        except ValueError:
+            return None
+    return _int(_raw_value(v, "intValue"))
+
+
+def _ikey(v: Any) -> Any:
+    """A hashable stand-in for a raw rank value (only ever a cache key)."""
+    if not v or type(v) is not dict:
+        return None
+    x = v.get("intValue")
+    return x if type(x) is str else repr(v)
+
+
+def span_value(span: Span, key: str, kind: str) -> Any:
+    raw = span.raw
+    if raw is not None:
+        return _raw_value(raw.get(key), kind)
+    return span.attrs.get(key)
+
+
+def phase_fields(span: Span) -> tuple:
+    """(ms, graph, batch size, step index, timer, rank cache key) of a phase span. The raw path
+    is the hot loop of a big report: the usual shapes are read inline, anything else decoded."""
+    raw = span.raw
+    if raw is not None:
+        get = raw.get
+        v = get("sgl_probe.duration_ms")
+        ms = v.get("doubleValue") if type(v) is dict else None
+        if ms is None:
+            ms = _raw_value(v, "doubleValue")
+        v = get("sglang.cuda_graph")
+        graph = (v.get("boolValue") if type(v) is dict and "boolValue" in v else _raw_value(v, "boolValue")) is True
+        v = get("sgl_probe.timer")
+        timer = v.get("stringValue") if type(v) is dict and "stringValue" in v else _raw_value(v, "stringValue")
+        v = get("sglang.batch_size")
+        x = v.get("intValue") if type(v) is dict else None
+        bs = int(x) if type(x) is str and x.isdigit() else _raw_int(v)
+        v = get("sglang.step_index")
+        x = v.get("intValue") if type(v) is dict else None
+        idx = int(x) if type(x) is str and x.isdigit() else _raw_int(v)
+        key = (_ikey(get("sglang.tp_rank")), _ikey(get("sglang.dp_rank")), _ikey(get("sglang.pp_rank")))
+        return ms, graph, bs, idx, timer, key
+    a = span.attrs
+    return (a.get("sgl_probe.duration_ms"), a.get("sglang.cuda_graph") is True, _int(a.get("sglang.batch_size")),
+            _int(a.get("sglang.step_index")), a.get("sgl_probe.timer"),
+            (a.get("sglang.tp_rank"), a.get("sglang.dp_rank"), a.get("sglang.pp_rank")))
+
+
+def step_fields(span: Span) -> tuple:
+    """(batch size, step index, rank cache key) of a step span."""
+    raw = span.raw
+    if raw is not None:
+        get = raw.get
+        tp, dp, pp = get("sglang.tp_rank"), get("sglang.dp_rank"), get("sglang.pp_rank")
+        key = (_ikey(tp), _ikey(dp), _ikey(pp))
+        return _raw_int(get("sglang.batch_size")), _raw_int(get("sglang.step_index")), key
+    a = span.attrs
+    return (_int(a.get("sglang.batch_size")), _int(a.get("sglang.step_index")),
+            (a.get("sglang.tp_rank"), a.get("sglang.dp_rank"), a.get("sglang.pp_rank")))
+
+
+class RankSteps:
+    """One rank's steps, dense by step index."""
+
+    __slots__ = ("start", "end", "bs", "decode_graph", "lo")
+
+    def __init__(self) -> None:
+        self.lo = MAX_STEP_INDEX + 1  # lowest step index seen (chunks of a file start late)
+        self.start = array("q")  # 0: no step span with this index
+        self.end = array("q")
+        self.bs = array("q")
+        self.decode_graph = bytearray()  # 0 unknown, 1 eager, 2 graph
+
+    def put(self, idx: int, start: int, end: int, bs: Optional[int]) -> None:
+        if idx < self.lo:
+            self.lo = idx
+        _grow(self.start, idx, 0)
+        _grow(self.end, idx, 0)
+        _grow(self.bs, idx, NO_BS)
+        self.start[idx] = start or 1
+        self.end[idx] = end
+        if bs is not None:
+            self.bs[idx] = bs
+
+    def phase_bs(self, idx: int, bs: Optional[int]) -> None:
+        if idx < self.lo:
+            self.lo = idx
+        if bs is None:
+            return
+        _grow(self.bs, idx, NO_BS)
+        if self.bs[idx] == NO_BS:
+            self.bs[idx] = bs
+
+    def merge(self, other: "RankSteps") -> None:
+        lo = min(other.lo, len(other.start))
+        _merge_dense(self.start, other.start, 0, False, lo)
+        _merge_dense(self.end, other.end, 0, False, lo)
+        _merge_dense(self.bs, other.bs, NO_BS, False, min(other.lo, len(other.bs)))
+        dg, odg = self.decode_graph, other.decode_graph
+        if len(odg) > len(dg):
+            dg.extend(bytes(len(odg) - len(dg)))
+        for i in range(min(other.lo, len(odg)), len(odg)):
+            v = odg[i]
+            if v and not dg[i]:
+                dg[i] = v
+        self.lo = min(self.lo, other.lo)
+
+
+class Aggregator:
+    def __init__(self) -> None:
+        self.n_spans = 0
+        self.n_steps = 0
+        self.n_phase_spans = 0
+        self.unknown_names: collections.Counter = collections.Counter()
+        self.errors: collections.Counter = collections.Counter()
+        self.groups: dict[tuple, array] = {}
+        self.steps: dict[RankKey, RankSteps] = {}
+        self.by_step: dict[tuple, array] = {}  # (rank, phase) -> ms by step index (NaN: none)
+        self.step_traces: dict[tuple, dict[int, str]] = {}
+        self.accept: dict[str, list] = {}  # bucket -> [n, sum] over verify spans
+        self.spec_settings: dict[str, Any] = {}
+        self.timers: collections.Counter = collections.Counter()
+        self.runs: dict[str, dict] = {}
+        self.ranks: set = set()
+        self.env: dict[RankKey, list] = {}
+        self.t_min: Optional[int] = None
+        self.t_max: Optional[int] = None
+        # Filled by finish():
+        self.step_ms: dict[RankKey, array] = {}
+        self.spec_steps: dict[str, list] = {}  # bucket -> [n, draft, verify, draft_extend, other]
+        self.decode_steps: dict[tuple, list] = {}  # (graph, bucket) -> [n, decode, other]
+        self._labels: Optional[dict] = None
+        self._finished = False
+        self._interned: dict[RankKey, RankKey] = {}
+        self._by_rank_phase: dict[RankKey, dict[str, array]] = {}
+        self._buckets: dict[Optional[int], str] = {}
+
+    # -- input --------------------------------------------------------------------------------
+    @staticmethod
+    def rank_of(span: Span) -> RankKey:
+        a, r = span.attrs, span.resource.attrs
+        tp = a.get("sglang.tp_rank", r.get("sglang.tp_rank"))
+        return (r.get("sgl_probe.run_id", ""), a.get("sglang.dp_rank", r.get("sglang.dp_rank")),
+                a.get("sglang.pp_rank", r.get("sglang.pp_rank")), tp,
+                r.get("process.pid") if tp is None else None)
+
+    def _rank(self, span: Span, key: tuple) -> RankKey:
+        """The span's rank key, one tuple object per (resource, ranks): the hot path neither
+        rebuilds nor re-registers it. ``key``: the span's own rank attributes, as read."""
+        cache = span.resource.rank_cache
+        rank = cache.get(key)
+        if rank is None:
+            rank = self.rank_of(span)
+            rank = cache[key] = self._interned.setdefault(rank, rank)
+            if rank not in self.ranks:
+                self._new_rank(rank, span)
+        return rank
+
+    def add(self, span: Span) -> None:
+        self.n_spans += 1
+        phase = PHASE_NAMES.get(span.name)
+        if phase is None:
+            self._add_other(span)
+            return
+        ms, graph, bs, idx, timer, rkey = phase_fields(span)
+        rank = self._rank(span, rkey)
+        self.n_phase_spans += 1
+        if span.error:
+            self.errors[span.name] += 1
+        if timer is not None:
+            self.timers[timer] += 1
+        if type(ms) is not float or ms != ms:
+            ms = _num(ms)
+            if ms is None:
+                ms = max(0, span.end_ns - span.start_ns) / 1e6
+        b = self._buckets.get(bs)
+        if b is None:
+            b = self._buckets[bs] = bucket(bs)
+        key = (phase, graph, b, rank)
+        arr = self.groups.get(key)
+        if arr is None:
+            arr = self.groups[key] = array("d")
+        arr.append(ms)
+        if idx is not None and 0 <= idx <= MAX_STEP_INDEX:
+            per_rank = self._by_rank_phase.get(rank)
+            if per_rank is None:
+                per_rank = self._by_rank_phase[rank] = {}
+            arr = per_rank.get(phase)
+            if arr is None:
+                arr = per_rank[phase] = self.by_step[(rank, phase)] = array("d")
+            if idx >= len(arr):
+                _grow(arr, idx, NAN)
+            old = arr[idx]
+            arr[idx] = ms if old != old else old + ms
+            steps = self.steps.get(rank)
+            if steps is None:
+                steps = self.steps[rank] = RankSteps()
+            steps.phase_bs(idx, bs)
+            if phase == "decode":
+                dg = steps.decode_graph
+                if idx >= len(dg):
+                    dg.extend(bytes(max(idx + 1 - len(dg), len(dg), 64)))
+                dg[idx] = 2 if graph else 1
+        if phase == "verify":
+            acc_len = _num(span_value(span, "sglang.spec.accept_length", "doubleValue"))
+            if acc_len is not None:
+                a = self.accept.get(b)
+                if a is None:
+                    a = self.accept[b] = [0, 0.0]
+                a[0] += 1
+                a[1] += acc_len
+            if not self.spec_settings:
+                self._settings(span.attrs)
+        elif phase == "draft" and not self.spec_settings:
+            self._settings(span.attrs)
+
+    def _settings(self, attrs: dict) -> None:
+        for k in ("algorithm", "num_steps", "topk", "num_draft_tokens"):
+            v = attrs.get("sglang.spec." + k)
+            if v is not None:
+                self.spec_settings[k] = v
+
+    def _add_other(self, span: Span) -> None:
+        name = span.name
+        if name == ENV:
+            self._add_env(span)
+            return
+        if name != STEP:
+            self.unknown_names[name] += 1
+            return
+        bs, idx, rkey = step_fields(span)
+        rank = self._rank(span, rkey)
+        start, end = span.start_ns, span.end_ns
+        if start and (self.t_min is None or start < self.t_min):
+            self.t_min = start
+        if end and (self.t_max is None or end > self.t_max):
+            self.t_max = end
+        if span.error:
+            self.errors[name] += 1
+        self.n_steps += 1
+        if idx is None or not 0 <= idx <= MAX_STEP_INDEX:
+            return
+        steps = self.steps.get(rank)
+        if steps is None:
+            steps = self.steps[rank] = RankSteps()
+        steps.put(idx, start, end, bs)
+        traces = self.step_traces.get(rank[:3])
+        if traces is None:
+            traces = self.step_traces[rank[:3]] = {}
+        if idx not in traces:
+            traces[idx] = span.trace_id
+
+    def _new_rank(self, rank: RankKey, span: Span) -> None:
+        self.ranks.add(rank)
+        if rank[0] not in self.runs:
+            r = span.resource.attrs
+            self.runs[rank[0]] = {"run_id": rank[0], "service": span.resource.service,
+                                  "sglang_version": r.get("sglang.version"),
+                                  "sgl_probe_version": r.get("sgl_probe.version")}
+
+    def _add_env(self, span: Span) -> None:
+        a = span.attrs
+        snap = {
+            "point": a.get("sgl_probe.snapshot_point"),
+            "time_ns": span.start_ns,
+            "vars": {k[4:]: v for k, v in a.items() if k.startswith("env.")},
+            "launcher": {k[13:]: v for k, v in a.items() if k.startswith("launcher_env.")},
+            "differs_from_launcher": _list(a.get("sgl_probe.env.differs_from_launcher")),
+            "withheld": _list(a.get("sgl_probe.env.withheld")),
+        }
+        for k in ("sgl_probe.dist_backend", "sgl_probe.snapshot_trigger"):
+            if k in a:
+                snap[k.split(".", 1)[1]] = a[k]
+        self.env.setdefault(self.rank_of(span), []).append(snap)
+
+    # -- partial aggregators (parallel chunks) -----------------------------------------------
+    def merge(self, other: "Aggregator") -> "Aggregator":
+        """Fold in another partial aggregator (spans read elsewhere, e.g. by a worker process)."""
+        assert not self._finished and not other._finished
+        self.n_spans += other.n_spans
+        self.n_steps += other.n_steps
+        self.n_phase_spans += other.n_phase_spans
+        self.unknown_names.update(other.unknown_names)
+        self.errors.update(other.errors)
+        self.timers.update(other.timers)
+        for key, arr in other.groups.items():
+            mine = self.groups.get(key)
+            if mine is None:
+                self.groups[key] = arr
+            else:
+                mine.extend(arr)
+        for key, arr in other.by_step.items():
+            mine = self.by_step.get(key)
+            if mine is None:
+                self.by_step[key] = arr
+            else:
+                ost = other.steps.get(key[0])
+                _merge_dense(mine, arr, NAN, True, min(ost.lo, len(arr)) if ost is not None else 0)
+        for rank, st in other.steps.items():
+            mine = self.steps.get(rank)
+            if mine is None:
+                self.steps[rank] = st
+            else:
+                mine.merge(st)
+        for key, traces in other.step_traces.items():
+            mine = self.step_traces.setdefault(key, {})
+            for idx, tid in traces.items():
+                mine.setdefault(idx, tid)
+        for b, (n, s) in other.accept.items():
+            a = self.accept.setdefault(b, [0, 0.0])
+            a[0] += n
+            a[1] += s
+        if not self.spec_settings:
+            self.spec_settings = dict(other.spec_settings)
+        for run, info in other.runs.items():
+            self.runs.setdefault(run, info)
+        self.ranks |= other.ranks
+        for rank, snaps in other.env.items():
+            self.env.setdefault(rank, []).extend(snaps)
+        if other.t_min is not None and (self.t_min is None or other.t_min < self.t_min):
+            self.t_min = other.t_min
+        if other.t_max is not None and (self.t_max is None or other.t_max > self.t_max):
+            self.t_max = other.t_max
+        self._by_rank_phase = {}  # add() may follow (e.g. Jaeger's answer after the files)
+        for (rank, phase), arr in self.by_step.items():
+            self._by_rank_phase.setdefault(rank, {})[phase] = arr
+        return self
+
+    # -- after the last span ----------------------------------------------------------------
+    def finish(self) -> "Aggregator":
+        """Fold the per-step arrays into step times, spec cycles and decode steps."""
+        if self._finished:
+            return self
+        self._finished = True
+        from sgl_probe.targets import PHASES
+
+        for rank, st in self.steps.items():
+            phase_arrays = [(p, self.by_step[(rank, p)]) for p in PHASES if (rank, p) in self.by_step]
+            step_ms = self.step_ms[rank] = array("d")
+            eff = array("d", [NAN]) * len(st.start)
+            prev_end = None
+            starts, ends, sizes, dgraph = st.start, st.end, st.bs, st.decode_graph
+            for idx in range(len(starts)):
+                start = starts[idx]
+                if not start:
+                    continue
+                end = ends[idx]
+                # Overlap scheduling: step N may begin on the host while step N-1 still runs on
+                # the device. Clip to the previous step's end so that time is not counted twice.
+                if prev_end is not None and prev_end > start:
+                    start = min(prev_end, end)
+                prev_end = end
+                dur = max(0, end - start) / 1e6
+                eff[idx] = dur
+                step_ms.append(dur)
+                phases = {}
+                for p, arr in phase_arrays:
+                    if idx < len(arr):
+                        v = arr[idx]
+                        if v == v:
+                            phases[p] = v
+                if not phases:
+                    continue
+                other = max(0.0, dur - math.fsum(phases.values()))
+                b = bucket(sizes[idx] if sizes[idx] != NO_BS else None)
+                if "verify" in phases:
+                    s = self.spec_steps.get(b)
+                    if s is None:
+                        s = self.spec_steps[b] = [0, 0.0, 0.0, 0.0, 0.0]
+                    s[0] += 1
+                    s[1] += phases.get("draft", 0.0)
+                    s[2] += phases["verify"]
+                    s[3] += phases.get("draft_extend", 0.0)
+                    s[4] += other
+                elif len(phases) == 1 and "decode" in phases:
+                    key = (idx < len(dgraph) and dgraph[idx] == 2, b)
+                    d = self.decode_steps.get(key)
+                    if d is None:
+                        d = self.decode_steps[key] = [0, 0.0, 0.0]
+                    d[0] += 1
+                    d[1] += phases["decode"]
+                    d[2] += other
+            self.by_step[(rank, "step")] = eff
+        for run in self.runs.values():
+            run["ranks"] = sum(1 for r in self.ranks if r[0] == run["run_id"])
+        return self
+
+    # -- queries --------------------------------------------------------------------------------
+    def values(self, phase: Optional[str] = None, graph: Optional[bool] = None,
+               bkt: Optional[str] = None, rank: Optional[RankKey] = None) -> array:
+        out = array("d")
+        for (p, g, b, r), arr in self.groups.items():
+            if (phase is None or p == phase) and (graph is None or g == graph) \
+                    and (bkt is None or b == bkt) and (rank is None or r == rank):
+                out.extend(arr)
+        return out
+
+    def step_total_ms(self, rank: Optional[RankKey] = None) -> float:
+        if rank is not None:
+            return math.fsum(self.step_ms.get(rank, ()))
+        return math.fsum(math.fsum(a) for a in self.step_ms.values())
+
+    def label(self, rank: RankKey) -> str:
+        """``tp1``; ``dp1/tp0`` with data parallelism; ``run2/tp0`` when several runs are read."""
+        if self._labels is None:
+            runs = sorted({r[0] for r in self.ranks})
+            self._labels = {"runs": {run: i + 1 for i, run in enumerate(runs)},
+                            "dp": len({r[1] for r in self.ranks}) > 1,
+                            "pp": len({r[2] for r in self.ranks}) > 1}
+        ctx = self._labels
+        run, dp, pp, tp, pid = rank
+        parts = []
+        if len(ctx["runs"]) > 1:
+            parts.append(f"run{ctx['runs'].get(run, '?')}")
+        if ctx["dp"] or dp not in (0, None):
+            parts.append(f"dp{dp}")
+        if ctx["pp"] or pp not in (0, None):
+            parts.append(f"pp{pp}")
+        parts.append(f"tp{tp}" if tp is not None else f"pid{pid}")
+        return "/".join(parts)
+
+    @staticmethod
+    def rank_sort_key(rank: RankKey) -> tuple:
+        return tuple((0, v) if isinstance(v, int) else (1, str(v)) for v in rank)
+
+    def tau(self, bkt: Optional[str] = None) -> tuple[int, float]:
+        """(verify spans with an accept length, mean accept length)."""
+        items = [v for b, v in self.accept.items() if bkt is None or b == bkt]
+        n = sum(v[0] for v in items)
+        return n, (sum(v[1] for v in items) / n if n else NAN)

@@ -1,0 +1,148 @@
+"""Verdict inputs from aggregates: the spec cycle (per step: draft + verify + draft_extend + the
+rest of the step), the decode step it competes with (graph decode preferred; from ``--baseline``
+or this run's own decode steps), matched by batch-size bucket, and the graph-verify what-if.
+The math itself is :func:`sgl_probe.report.verdict.evaluate`."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from sgl_probe.report import verdict as verdict_mod
+from sgl_probe.report.aggregate import Aggregator
+from sgl_probe.report.stats import bucket_order
+
+NO_BASELINE = ("no decode time to compare with: give --baseline SOURCE (the same server and load "
+               "without speculative decoding)")
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return math.fsum(xs) / len(xs) if xs else float("nan")
+
+
+def decode_reference(agg: Aggregator) -> Optional[dict]:
+    """Per-step decode time, graph decode when there is any. ``decode_ms`` is the forward,
+    ``other_ms`` the rest of its scheduler step (0 when the source has no step spans)."""
+    for graph in (True, False):
+        rows = {b: v for (g, b), v in agg.decode_steps.items() if g == graph and v[0]}
+        if rows:
+            n = sum(v[0] for v in rows.values())
+            return {"graph": graph, "from_steps": True, "n": n,
+                    "decode_ms": sum(v[1] for v in rows.values()) / n,
+                    "other_ms": sum(v[2] for v in rows.values()) / n,
+                    "buckets": {b: {"n": v[0], "decode_ms": v[1] / v[0], "other_ms": v[2] / v[0]}
+                                for b, v in rows.items()}}
+        buckets = {}
+        for (p, g, b, _r), arr in agg.groups.items():
+            if p == "decode" and g == graph:
+                buckets.setdefault(b, []).extend(arr)
+        if buckets:
+            n = sum(len(v) for v in buckets.values())
+            return {"graph": graph, "from_steps": False, "n": n,
+                    "decode_ms": math.fsum(math.fsum(v) for v in buckets.values()) / n, "other_ms": 0.0,
+                    "buckets": {b: {"n": len(v), "decode_ms": _mean(v), "other_ms": 0.0}
+                                for b, v in buckets.items()}}
+    return None
+
+
+def spec_cycle(agg: Aggregator) -> Optional[dict]:
+    verify_graph = agg.values("verify", graph=True)
+    verify_eager = agg.values("verify", graph=False)
+    n_verify = len(verify_graph) + len(verify_eager)
+    if not n_verify:
+        return None
+    out: dict = {"n_verify": n_verify, "verify_no_graph": len(verify_eager) / n_verify,
+                 "verify_graph_ms": _mean(verify_graph) if len(verify_graph) else None,
+                 "n_verify_graph": len(verify_graph), "settings": dict(agg.spec_settings)}
+    buckets = {}
+    if agg.spec_steps:
+        out["from_steps"] = True
+        for b, (n, draft, ver, dext, other) in agg.spec_steps.items():
+            buckets[b] = {"n": n, "draft_ms": draft / n, "verify_ms": ver / n,
+                          "draft_extend_ms": dext / n, "other_ms": other / n}
+    else:  # no step spans (e.g. a Jaeger export without them): one call of each phase per cycle
+        out["from_steps"] = False
+        for b in {k[2] for k in agg.groups if k[0] == "verify"}:
+            ver = agg.values("verify", bkt=b)
+            buckets[b] = {"n": len(ver), "verify_ms": _mean(ver),
+                          "draft_ms": _mean(agg.values("draft", bkt=b)) if len(agg.values("draft", bkt=b)) else 0.0,
+                          "draft_extend_ms": _mean(agg.values("draft_extend", bkt=b))
+                          if len(agg.values("draft_extend", bkt=b)) else 0.0, "other_ms": 0.0}
+    n = sum(v["n"] for v in buckets.values())
+    for key in ("draft_ms", "verify_ms", "draft_extend_ms", "other_ms"):
+        out[key] = sum(v[key] * v["n"] for v in buckets.values()) / n
+    out["n_steps"] = n
+    out["buckets"] = buckets
+    n_tau, tau = agg.tau()
+    out["tau"] = tau if n_tau else None
+    out["n_tau"] = n_tau
+    for b, v in buckets.items():
+        nb, tb = agg.tau(b)
+        v["tau"] = tb if nb else None
+    return out
+
+
+def _decode_for(ref: dict, b: str) -> tuple[float, float]:
+    row = ref["buckets"].get(b) or ref
+    return row["decode_ms"], row["other_ms"]
+
+
+def _evaluate(tau, cyc: dict, decode_ms: float, decode_other: float, ref: dict, graph_ms, source):
+    return verdict_mod.evaluate(
+        tau, decode_ms + decode_other, cyc["verify_ms"], cyc["draft_ms"], cyc["draft_extend_ms"],
+        cyc["other_ms"], decode_graph=ref["graph"], verify_no_graph=cyc.get("verify_no_graph"),
+        verify_graph_ms=graph_ms, verify_graph_source=source)
+
+
+def analyse(agg: Aggregator, baseline: Optional[Aggregator] = None) -> Optional[dict]:
+    """The speculative section of the report, or None when there are no verify spans."""
+    cyc = spec_cycle(agg)
+    if cyc is None:
+        return None
+    if baseline is not None:
+        ref, ref_source = decode_reference(baseline), "--baseline"
+    else:
+        ref, ref_source = decode_reference(agg), "this run's own decode steps"
+    out = {"cycle": cyc, "decode": ref, "decode_source": ref_source if ref else None,
+           "verdict": None, "by_bucket": [], "notes": []}
+    if cyc["tau"] is None:
+        out["notes"].append("verify spans carry no sglang.spec.accept_length: no τ, no verdict")
+        return out
+    if ref is None:
+        out["notes"].append(NO_BASELINE if baseline is None else
+                            "the --baseline input has no decode spans: no decode time to compare with")
+        return out
+    # Match the decode step to the spec steps' batch sizes (eager vs graph and batch size both
+    # move the per-step time; comparing across them is how wrong verdicts are made).
+    weights = {b: v["n"] for b, v in cyc["buckets"].items()}
+    total = sum(weights.values())
+    matched = [(_decode_for(ref, b), w) for b, w in weights.items()]
+    dec_ms = sum(d * w for (d, _o), w in matched) / total
+    dec_other = sum(o * w for (_d, o), w in matched) / total
+    unmatched = sorted((b for b in weights if b not in ref["buckets"]), key=bucket_order)
+    if unmatched:
+        out["notes"].append("no decode steps at batch size " + ", ".join(unmatched) +
+                            ": the overall decode mean stands in for them")
+    out["decode_matched_ms"] = dec_ms
+    out["decode_matched_other_ms"] = dec_other
+    if cyc["verify_graph_ms"] is not None:
+        graph_ms, source = cyc["verify_graph_ms"], f"measured on {cyc['n_verify_graph']} graph verifies"
+    elif ref["graph"]:
+        graph_ms, source = dec_ms, "taken as one graph decode forward"
+    else:
+        graph_ms, source = None, ""
+    v = _evaluate(cyc["tau"], cyc, dec_ms, dec_other, ref, graph_ms, source)
+    out["verdict"] = v.as_dict() if v else None
+    if len(cyc["buckets"]) > 1:
+        for b in sorted(cyc["buckets"], key=bucket_order):
+            row = cyc["buckets"][b]
+            if b not in ref["buckets"] or row["tau"] is None:
+                continue
+            d, o = _decode_for(ref, b)
+            vb = _evaluate(row["tau"], {**row, "verify_no_graph": None}, d, o, ref, None, "")
+            if vb is not None:
+                out["by_bucket"].append({"bs": b, "n": row["n"], "tau": row["tau"],
+                                         "speedup": vb.speedup, "break_even": vb.break_even,
+                                         "cycle_ms": vb.cycle_ms, "decode_ms": d + o})
+    return out

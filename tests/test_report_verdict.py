@@ -1,0 +1,194 @@
+"""The speculative-decoding break-even verdict: the seed case's numbers (decode 12.1 ms with a graph,
+verify 29 ms without one, draft + draft-extend 6 ms, τ 2.0), through the math alone, through a
+trace the probe's own span builder and exporter wrote, and in the live summary line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+
+import pytest
+
+from sgl_probe.cli import main
+from sgl_probe.report.verdict import evaluate
+from sgl_probe.summary import Summary
+
+SEED_SHORT = "spec 0.69× vs graph decode (τ 2.0, break-even 2.9; verify had no graph in 100 % of steps)"
+
+
+def seed(**kw):
+    args = dict(tau=2.0, t_decode=12.1, t_verify=29.0, t_draft=4.0, t_draft_extend=2.0, verify_no_graph=1.0,
+                verify_graph_ms=12.1, verify_graph_source="taken as one graph decode forward")
+    args.update(kw)
+    return evaluate(**args)
+
+
+def test_seed_numbers_say_spec_decoding_loses():
+    v = seed()
+    assert v.wins is False
+    assert v.cycle_ms == pytest.approx(35.0)
+    assert v.speedup == pytest.approx(2.0 * 12.1 / 35.0)  # 0.69x
+    assert v.break_even == pytest.approx(35.0 / 12.1)  # tau* 2.89
+    assert v.verify_max_ms == pytest.approx(2.0 * 12.1 - 6.0)  # 18.2 ms
+    assert v.whatif_speedup == pytest.approx(2.0 * 12.1 / (6.0 + 12.1))  # 1.34x with a graph verify
+    assert v.short() == SEED_SHORT
+    assert v.sentence() == (
+        "Speculative decoding loses: 0.69× graph decode (τ 2.00 < break-even 2.89). Verify ran without "
+        "a CUDA graph in 100 % of steps; at graph speed (12.1 ms, taken as one graph decode forward) it "
+        "would win by 1.34×. To win at τ 2.00, verify must take under 18.2 ms (now 29.0 ms), or τ must "
+        "reach 2.89.")
+
+
+def test_a_winning_cycle_says_how_much_room_is_left():
+    v = seed(tau=3.2, t_verify=13.0, verify_no_graph=0.0, verify_graph_ms=None)
+    assert v.wins and v.speedup == pytest.approx(3.2 * 12.1 / 19.0)
+    assert v.sentence().startswith("Speculative decoding wins: 2.04× graph decode (τ 3.20 ≥ break-even 1.57).")
+    assert "keeps winning while verify stays under 32.7 ms" in v.sentence()
+    assert v.whatif_speedup is None and "verify had no graph in 0 % of steps" in v.short()
+
+
+def test_when_even_a_free_verify_cannot_win():
+    v = seed(tau=1.2, t_draft=14.0)
+    assert not v.wins and v.verify_max_ms < 0
+    assert "Even a free verify would not win at τ 1.20" in v.sentence()
+
+
+def test_eager_decode_baseline_is_named_as_such():
+    v = seed(verify_no_graph=None, verify_graph_ms=None)
+    v2 = evaluate(2.0, 12.1, 29.0, 4.0, 2.0, decode_graph=False)
+    assert v.short() == "spec 0.69× vs graph decode (τ 2.0, break-even 2.9)"
+    assert v2.short() == "spec 0.69× vs eager decode (τ 2.0, break-even 2.9)"
+    assert "eager decode (no graph decode seen)" in v2.sentence()
+
+
+@pytest.mark.parametrize("bad", [dict(tau=float("nan")), dict(t_decode=0.0), dict(tau=0.0),
+                                 dict(t_verify=None), dict(t_decode=float("inf"))])
+def test_no_verdict_without_usable_inputs(bad):
+    assert seed(**bad) is None
+
+
+# -- the seed case as a trace: real span builder, real exporter, `sgl-probe report` --------------
+
+class _Timer:
+    kind = "cuda"
+
+    def interval(self, start, end):
+        return start, end
+
+    def wall(self, host_ns):
+        return host_ns
+
+
+def write_trace(path: str, steps: list[list[tuple]], tp_rank: int = 0) -> None:
+    """Steps of (phase, mode, ms, graph, accept_length) with no gaps: the step lasts exactly as
+    long as its phases (no "other" time), so the report must reproduce the seed numbers."""
+    from sgl_probe import spans as spans_mod
+    from sgl_probe.export import JsonLinesExporter, make_resource
+    from sgl_probe.readers import Facts
+    from sgl_probe.recorder import PhaseRecord, StepRecord
+
+    ident = {"tp_rank": tp_rank, "dp_rank": 0, "pp_rank": 0}
+    spec = {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "num_draft_tokens": 4}
+    res = make_resource(ident, "seed-run", "0.5.8")
+    exporter = JsonLinesExporter(path)
+    now = 1_790_000_000_000_000_000
+    out = []
+    for i, phases in enumerate(steps, 1):
+        st = StepRecord(i, Facts("step", phases[0][1], 8, 8), now)
+        for phase, mode, ms, graph, accept in phases:
+            ph = PhaseRecord(Facts(phase, mode, 8, 8), "seed:" + phase, now, now)
+            ph.t_end = now + round(ms * 1e6)
+            ph.host1 = ph.t_end
+            ph.graph, ph.accept_length = graph, accept
+            st.phases.append(ph)
+            now = ph.t_end
+        st.host1 = now
+        out += spans_mod.build_step_spans(st, _Timer(), "seed-run", ident, spec, res)[1]
+        now += 1_000_000
+    for k in range(0, len(out), 512):
+        exporter.export(out[k:k + 512])
+
+
+def test_seed_numbers_through_a_probe_trace(tmp_path, capsys):
+    spec_dir, base_dir = tmp_path / "eagle3", tmp_path / "baseline"
+    spec_dir.mkdir()
+    base_dir.mkdir()
+    def cycle(accept: float) -> list[tuple]:
+        return [("draft", "DECODE", 4.0, True, None), ("verify", "TARGET_VERIFY", 29.0, False, accept),
+                ("draft_extend", "DRAFT_EXTEND", 2.0, True, None)]
+
+    write_trace(str(spec_dir / "sgl-probe-1.jsonl"), [cycle(a) for a in (1.75, 2.25) * 20])
+    write_trace(str(base_dir / "sgl-probe-2.jsonl"), [[("decode", "DECODE", 12.1, True, None)]] * 40)
+    capsys.readouterr()
+    assert main(["report", str(spec_dir), "--baseline", str(base_dir), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    v = doc["speculative"]["verdict"]
+    assert v["short"] == SEED_SHORT and v["wins"] is False
+    assert v["speedup"] == pytest.approx(0.6914, abs=1e-4) and v["break_even"] == pytest.approx(2.8926, abs=1e-4)
+    assert doc["speculative"]["cycle"]["other_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert main(["report", str(spec_dir), "--baseline", str(base_dir)]) == 0
+    out = capsys.readouterr().out
+    assert ("=> Speculative decoding loses: 0.69× graph decode (τ 2.00 < break-even 2.89). Verify ran without "
+            "a CUDA graph in 100 % of steps; at graph speed (12.1 ms, taken as one graph decode forward) it "
+            "would win by 1.34×.") in out
+
+
+# -- the live verdict at the end of the summary line ----------------------------------------------
+
+def test_summary_line_ends_with_the_live_verdict():
+    s = Summary(30, {"tp_rank": 0, "dp_rank": 0, "pp_rank": 0})
+    s.add([("decode", 12.1, True)] * 5)
+    s._window = {}  # a new window: the decode time is remembered across windows
+    for _ in range(10):
+        s.add([("draft", 4.0, True), ("verify", 29.0, False, 2.0), ("draft_extend", 2.0, True)])
+    line = s.line()
+    assert line.startswith("sgl-probe summary [tp_rank=0 dp_rank=0 pp_rank=0]: draft n=10 ")
+    assert line.endswith(" | " + SEED_SHORT)
+
+
+def test_summary_line_has_no_verdict_until_there_is_one():
+    s = Summary(30, {"tp_rank": 0})
+    s.add([("draft", 4.0, True), ("verify", 29.0, False, 2.0)])
+    assert "spec " not in s.line()  # no decode time yet
+    s = Summary(30, {"tp_rank": 0})
+    s.add([("decode", 12.1, True), ("verify", 29.0, False)])  # no accept length
+    assert "spec " not in s.line()
+    s = Summary(30, {"tp_rank": 0})
+    s.add([("decode", 12.1, True), ("extend", 40.0, False)])
+    assert s.line() == ("sgl-probe summary [tp_rank=0]: decode n=1 p50=12.10ms p90=12.10ms graph=100% | "
+                        "extend n=1 p50=40.00ms p90=40.00ms graph=0%")
+
+
+def test_live_verdict_in_the_server_log_through_the_probe(monkeypatch, caplog):
+    """The real wrappers, recorder and drain thread, on the spec-shaped workload, with the summary
+    every 0.2 s. The step's spans go to the summary (they carry the accept length)."""
+    from sgl_probe import config
+    from sgl_probe.activate import Probe
+    from tests import workload_spec as ws
+
+    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "SGL_PROBE_TRACE_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    for key, val in {"SGL_PROBE_SUMMARY_S": "0.2", "SGL_PROBE_DRAIN_S": "0.05", "SGL_PROBE_TIMER": "cpu"}.items():
+        monkeypatch.setenv(key, val)
+    monkeypatch.setattr(logging.getLogger("sgl_probe"), "propagate", True)
+    probe = Probe(config.load(), targets=ws.TABLE)
+    probe.instrumentor.instrument()
+    try:
+        sched = ws.Scheduler(ws.ServerArgs(spec=True), tp_rank=0)
+        with caplog.at_level(logging.INFO, logger="sgl_probe"):
+            for _ in range(5):
+                sched.run_batch(ws.Batch(ws.ForwardMode.DECODE, 2, spec=False))
+            deadline = time.monotonic() + 20
+            lines = []
+            while time.monotonic() < deadline and not lines:
+                sched.run_batch(ws.Batch(ws.ForwardMode.DECODE, 2, accept=3.0))
+                lines = [r.getMessage() for r in caplog.records if "× vs graph decode" in r.getMessage()]
+    finally:
+        probe.instrumentor.uninstrument()
+        probe.pipeline.shutdown()
+    assert lines, [r.getMessage() for r in caplog.records]
+    assert re.search(r"\| verify n=\d+ p50=[\d.]+ms p90=[\d.]+ms graph=0% \| draft_extend n=\d+ .* \| "
+                     r"spec \d+\.\d\d× vs graph decode \(τ 3\.0, break-even \d+\.\d; verify had no graph in "
+                     r"100 % of steps\)$", lines[0]), lines[0]

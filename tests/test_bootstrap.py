@@ -22,8 +22,8 @@ CHILD_SCRIPT = textwrap.dedent("""
     import json, multiprocessing as mp, os, sys
 
     def report(q, do_import):
+        before = {m: m in sys.modules for m in ("sgl_probe", "wrapt", "opentelemetry", "torch")}
         import sgl_probe._arm as arm
-        before = {m: m in sys.modules for m in ("wrapt", "opentelemetry", "torch")}
         if do_import:
             import sglang  # placeholder package: see the test module's docstring
         from sgl_probe import activate
@@ -70,15 +70,17 @@ def run_child(venv: Path, script: Path, env_extra: dict, do_import: bool, prefix
 
 def test_wheel_installs_startup_files(venvs):
     sp = site_packages_of(venvs["with"])
-    assert (sp / "sgl_probe.pth").read_text().startswith("import sgl_probe._arm")
-    assert (sp / "sgl_probe.start").read_text().strip() == "sgl_probe._arm:arm"
+    assert (sp / "sgl_probe.pth").read_text().strip() == "import _sgl_probe_arm; _sgl_probe_arm.arm()"
+    assert (sp / "sgl_probe.start").read_text().strip() == "_sgl_probe_arm:arm"
+    assert (sp / "_sgl_probe_arm.py").is_file()
     assert (sp / "sgl_probe" / "_startup" / "sitecustomize.py").is_file()
 
 
 def test_spawn_child_is_armed_but_loads_nothing_heavy(venvs):
     got = run_child(venvs["with"], venvs["script"], {}, do_import=False)
     assert got["armed"] and got["trigger"] and not got["activated"]
-    assert got["heavy_before"] == {"wrapt": False, "opentelemetry": False, "torch": False}
+    # Not even the sgl_probe package: the .pth loads one top-level module.
+    assert got["heavy_before"] == {"sgl_probe": False, "wrapt": False, "opentelemetry": False, "torch": False}
 
 
 def test_first_sglang_import_activates_in_spawn_child(venvs):

@@ -1,9 +1,11 @@
 """Tokens/s of a real SGLang 0.5.23 CPU server with the probe on vs off, interleaved.
 
-Both servers run at once (same venv, same tiny model, tp 1); only one is loaded at a time. Each
-pair runs one load block on each, order flipped every pair; the printed number is the median of
-the paired ratios (probe-on / probe-off tokens/s) with a bootstrap 95 % interval. Target >= 0.99.
-The probe-on server runs with its defaults (summary line every 30 s, no collector).
+Both servers run at once (same venv, same tiny model, tp 1). An idle SGLang scheduler busy-polls
+a whole core, so the server not being measured is frozen (SIGSTOP to its process group) and
+thawed (SIGCONT) for its own block. Each pair runs one load block on each, order flipped every
+pair; the printed number is the median of the paired ratios (probe-on / probe-off tokens/s) with
+a bootstrap 95 % interval. Target >= 0.99. The probe-on server runs with its defaults (summary
+line every 30 s, no collector).
 
     python3 benchmarks/cpu_server_overhead.py [--pairs 30] [--json benchmarks/results/cpu_server_overhead.json]
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -25,10 +29,18 @@ from tests.harness.venv import HARNESS_DIR, ensure_venv  # noqa: E402
 from tests.harness.wheel import build_wheel, install_wheel  # noqa: E402
 
 PROMPTS = ["hello world the quick", "once upon a time there", "brown fox jumps over lazy",
-           "speculative decoding scheduler"]
+           "speculative decoding scheduler", "tensor parallel request", "the tiny random model said",
+           "gpu cpu token model", "sglang worker tensor"]
 
 
-def block(server: SGLangServer, new_tokens: int) -> float:
+def _signal(server: SGLangServer, sig: int) -> None:
+    os.killpg(server.proc.pid, sig)  # the launcher runs in its own session: pgid == pid
+
+
+def block(server: SGLangServer, other: SGLangServer, new_tokens: int) -> float:
+    _signal(other, signal.SIGSTOP)
+    _signal(server, signal.SIGCONT)
+    time.sleep(0.2)
     t0 = time.perf_counter()
     out = server.generate_many(PROMPTS, new_tokens)
     wall = time.perf_counter() - t0
@@ -44,32 +56,39 @@ def bootstrap_ci(ratios: list[float], n: int = 2000) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=30)
-    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--aa", action="store_true",
+                    help="A/A control: both servers without the probe, to see the method's own bias")
     args = ap.parse_args()
     venv = ensure_venv("0.5.23")
     install_wheel(venv, build_wheel(HARNESS_DIR / "bench-wheel"))
     model = ensure_tiny_model(venv)
     common = ("--dtype", "float32", "--disable-radix-cache")
-    on = SGLangServer(venv, model, env={"SGL_PROBE": "1"}, extra_args=common)
+    on = SGLangServer(venv, model, env={"SGL_PROBE": "0" if args.aa else "1"}, extra_args=common)
     off = SGLangServer(venv, model, env={"SGL_PROBE": "0"}, extra_args=common)
     with on, off:
-        for server in (on, off):  # warm up both
-            block(server, args.tokens)
-        ratios, tps_on, tps_off = [], [], []
-        for i in range(args.pairs):
-            if i % 2:
-                a, b = block(on, args.tokens), block(off, args.tokens)
-            else:
-                b, a = block(off, args.tokens), block(on, args.tokens)
-            tps_on.append(a)
-            tps_off.append(b)
-            ratios.append(a / b)
+        try:
+            for _ in range(2):  # warm up both
+                block(on, off, args.tokens)
+                block(off, on, args.tokens)
+            ratios, tps_on, tps_off = [], [], []
+            for i in range(args.pairs):
+                if i % 2:
+                    a, b = block(on, off, args.tokens), block(off, on, args.tokens)
+                else:
+                    b, a = block(off, on, args.tokens), block(on, off, args.tokens)
+                tps_on.append(a)
+                tps_off.append(b)
+                ratios.append(a / b)
+        finally:
+            for server in (on, off):  # stop() must find them running
+                _signal(server, signal.SIGCONT)
     lo, hi = bootstrap_ci(ratios)
     out = {"pairs": args.pairs, "tokens_per_request": args.tokens, "requests_per_block": len(PROMPTS),
            "tps_on_median": statistics.median(tps_on), "tps_off_median": statistics.median(tps_off),
            "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi], "target": 0.99,
-           "sglang": "0.5.23", "tp": 1, "date": time.strftime("%Y-%m-%d")}
+           "sglang": "0.5.23", "tp": 1, "aa_control": args.aa, "date": time.strftime("%Y-%m-%d")}
     print(f"tokens/s probe on {out['tps_on_median']:.0f}, off {out['tps_off_median']:.0f}; paired ratio "
           f"on/off {out['ratio_median']:.4f} (95% CI {lo:.4f}-{hi:.4f}; target >= 0.99)")
     if args.json:

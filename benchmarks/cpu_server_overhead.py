@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import statistics
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.harness.model import ensure_tiny_model  # noqa: E402
 from tests.harness.server import SGLangServer  # noqa: E402
 from tests.harness.venv import HARNESS_DIR, ensure_venv  # noqa: E402
+from gpu_common import bootstrap_median_ci  # noqa: E402  (stdlib only)
 from tests.harness.wheel import build_wheel, install_wheel  # noqa: E402
 
 PROMPTS = ["hello world the quick", "once upon a time there", "brown fox jumps over lazy",
@@ -45,12 +45,6 @@ def block(server: SGLangServer, other: SGLangServer, new_tokens: int) -> float:
     out = server.generate_many(PROMPTS, new_tokens)
     wall = time.perf_counter() - t0
     return sum(r["meta_info"]["completion_tokens"] for r in out) / wall
-
-
-def bootstrap_ci(ratios: list[float], n: int = 2000) -> tuple[float, float]:
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n)]
 
 
 def main() -> int:
@@ -84,7 +78,7 @@ def main() -> int:
         finally:
             for server in (on, off):  # stop() must find them running
                 _signal(server, signal.SIGCONT)
-    lo, hi = bootstrap_ci(ratios)
+    _, lo, hi = bootstrap_median_ci(ratios)
     out = {"pairs": args.pairs, "tokens_per_request": args.tokens, "requests_per_block": len(PROMPTS),
            "tps_on_median": statistics.median(tps_on), "tps_off_median": statistics.median(tps_off),
            "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi], "target": 0.99,

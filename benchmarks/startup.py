@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpu_common import bootstrap_median_ci  # noqa: E402  (stdlib only)
 from tests.harness.wheel import build_wheel, fresh_venv  # noqa: E402
 
 
@@ -29,12 +29,6 @@ def once(python: Path) -> float:
     t0 = time.perf_counter()
     subprocess.run([str(python), "-c", "pass"], check=True)
     return time.perf_counter() - t0
-
-
-def bootstrap_ci(ratios: list[float], n: int = 2000) -> tuple[float, float]:
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n)]
 
 
 def main() -> int:
@@ -65,7 +59,7 @@ def main() -> int:
     for label, num, den in (("probe_vs_bare", "probe", "bare"), ("probe_vs_deps_only", "probe", "deps_only"),
                             ("deps_only_vs_bare", "deps_only", "bare")):
         ratios = [a / b for a, b in zip(times[num], times[den])]
-        lo, hi = bootstrap_ci(ratios)
+        _, lo, hi = bootstrap_median_ci(ratios)
         out[label] = {"median": statistics.median(ratios), "ci95": [lo, hi]}
         print(f"{label:<20} {statistics.median(ratios):.3f} (95% CI {lo:.3f}-{hi:.3f})")
     print("median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in out["median_ms"].items())

@@ -198,6 +198,16 @@ class Pipeline:
                 if not final and not self._step_ready(st, timer, now):
                     break
                 steps.popleft()
+                if not self.processors:  # summary line only: no spans to build
+                    try:
+                        self.summary.add(spans_mod.phase_durations(st, timer))
+                    except Exception as exc:
+                        log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
+                    finally:
+                        for ph in st.phases:
+                            timer.release(ph.t_start, ph.t_end)
+                    done += 1
+                    continue
                 try:
                     trace_id, spans = spans_mod.build_step_spans(
                         st, timer, self.run_id, self.ident, rec.spec, self.resource)

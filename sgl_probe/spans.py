@@ -62,6 +62,23 @@ def rank_attributes(ident: dict) -> dict:
     return attrs
 
 
+def graph_used(ph: PhaseRecord) -> bool:
+    """SGLang's own report from the call's result wins; else whether a graph-replay target ran."""
+    return bool(ph.graph if ph.graph is not None else ph.graph_hook)
+
+
+def phase_durations(st: StepRecord, timer: Any) -> list[tuple]:
+    """``(phase, ms, graph, accept_length)`` per finished phase: what the summary line needs,
+    without building spans (the path taken when nothing is exported)."""
+    out = []
+    for ph in st.phases:
+        if ph.t_end is None:
+            continue
+        t0, t1 = timer.interval(ph.t_start, ph.t_end)
+        out.append((ph.phase, (t1 - t0) / 1e6, graph_used(ph), ph.accept_length))
+    return out
+
+
 def phase_attributes(ph: PhaseRecord, timer_kind: str, duration_ms: float, ident: dict,
                      spec: dict, step_index: int) -> dict:
     attrs = {
@@ -71,7 +88,7 @@ def phase_attributes(ph: PhaseRecord, timer_kind: str, duration_ms: float, ident
         "sgl_probe.target": ph.target,
         "sglang.phase": ph.phase,
         "sglang.step_index": step_index,
-        "sglang.cuda_graph": bool(ph.graph if ph.graph is not None else ph.graph_hook),
+        "sglang.cuda_graph": graph_used(ph),
     }
     _put(attrs, "sglang.forward_mode", ph.mode)
     _put(attrs, "sglang.batch_size", ph.batch_size)

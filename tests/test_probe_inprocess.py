@@ -296,3 +296,26 @@ def test_a_given_run_id_is_kept_across_launches(probe_factory):
     probe = probe_factory({"SGL_PROBE_RUN_ID": "my-multi-node-run"})
     probe.on_launch(None, None, (), {})
     assert os.environ["SGL_PROBE_RUN_ID"] == probe.run_id == "my-multi-node-run"
+
+
+def test_summary_without_any_exporter_matches_the_span_path(probe_factory, receiver, caplog, monkeypatch):
+    """With no collector and no trace dir the drain thread builds no spans, only the summary; its
+    numbers must be those of the span path."""
+    monkeypatch.setattr(logging.getLogger("sgl_probe"), "propagate", True)
+    lines = {}
+    for label, env in (("spans", receiver.env("grpc")), ("summary_only", {})):
+        probe = probe_factory({**env, "SGL_PROBE_SUMMARY_S": "3600"})
+        sched = workload.Scheduler(None, tp_rank=0)
+        sched.worker.work_s = 0.0
+        sched.run_batch(Batch(ForwardMode.EXTEND, 2, extend_tokens=5))
+        for _ in range(4):
+            sched.run_batch(Batch(ForwardMode.DECODE, 2))
+        probe.pipeline.drain()
+        assert bool(probe.pipeline.processors) == (label == "spans")
+        line = probe.pipeline.summary.line()
+        lines[label] = line.split("]: ", 1)[1]
+        probe.instrumentor.uninstrument()
+    counts = [p.split(" p50=")[0] for p in lines["summary_only"].split(" | ")]
+    assert counts == ["decode n=4", "extend n=1"]
+    assert [p.split(" p50=")[0] for p in lines["spans"].split(" | ")] == counts
+    assert all("graph=100%" in p for p in lines["summary_only"].split(" | ") if p.startswith("decode"))

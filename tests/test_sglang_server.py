@@ -311,3 +311,22 @@ def test_report_reads_the_real_trace_dir(probed_run: Run):
                    if s.name.startswith("sglang.") and s.name != "sglang.step")
     assert counts == otlp
     assert not doc["problems"]
+
+
+def test_summary_line_with_no_collector_at_all(sglang_venvs, tiny_model, tmp_path):
+    """No OTEL endpoint, no trace dir: nothing is exported, yet the server log shows the split."""
+    import re
+
+    env = {"SGL_PROBE_SUMMARY_S": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": None,
+           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": None, "SGL_PROBE_TRACE_DIR": None}
+    with SGLangServer(sglang_venvs["0.5.23"], tiny_model, tp=1, extra_args=ARGS, env=env,
+                      log_path=tmp_path / "server.log") as server:
+        responses = send_load(server)
+        time.sleep(2.5)
+        log = server.log_text()
+    lines = [l for l in log.splitlines() if "sgl-probe summary [tp_rank=0" in l]
+    assert lines, log[-3000:]
+    decode_rows = sum(int(m.group(1)) for l in lines for m in [re.search(r"decode n=(\d+)", l)] if m)
+    # at least one decode step per generated token after the first, for the sequential requests
+    assert decode_rows >= len(SEQUENTIAL) * (NEW_TOKENS - 1)
+    assert all(r["meta_info"]["completion_tokens"] == NEW_TOKENS for r in responses)

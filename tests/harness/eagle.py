@@ -22,17 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import subprocess
-import time
 from pathlib import Path
 
-from .model import ensure_tiny_model
-from .venv import HARNESS_DIR, _log, file_lock, venv_python
+from .model import MODEL_MARKER, build_cached, ensure_tiny_model
+from .venv import venv_python
 
 MAKE_EAGLE_DRAFT = Path(__file__).resolve().parent / "make_eagle_draft.py"
-MODEL_MARKER = ".harness-complete"
 TARGET_NAME = "tiny-llama4"  # EAGLE-3 captures target layers 0, 1, 2: four layers are needed
 TARGET_LAYERS = 4
 
@@ -43,30 +38,13 @@ def ensure_eagle_models(venv: Path) -> tuple[Path, Path]:
     """``(target, draft)``: the 4-layer tiny Llama and its EAGLE-3 copy draft, built on first use
     under ``HARNESS_DIR/models`` (a few seconds each)."""
     target = ensure_tiny_model(venv, name=TARGET_NAME, layers=TARGET_LAYERS)
-    models = HARNESS_DIR / "models"
-    name = f"{TARGET_NAME}-eagle3-copy"
-    out = models / name
     spec = json.dumps({
         "script": hashlib.sha256(MAKE_EAGLE_DRAFT.read_bytes()).hexdigest()[:16],
         "target": (target / MODEL_MARKER).read_text(),
     }, sort_keys=True)
-    with file_lock(models / f"{name}.lock"):
-        marker = out / MODEL_MARKER
-        if marker.exists() and marker.read_text() == spec:
-            return target, out
-        tmp = models / f".{name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        _log(f"building EAGLE-3 copy draft {out} with {venv}")
-        t0 = time.monotonic()
-        proc = subprocess.run([str(venv_python(venv)), str(MAKE_EAGLE_DRAFT), str(target), str(tmp)],
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if proc.returncode != 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"make_eagle_draft.py failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
-        (tmp / MODEL_MARKER).write_text(spec)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-        _log(f"built draft {out} in {time.monotonic() - t0:.0f}s")
+    out = build_cached(f"{TARGET_NAME}-eagle3-copy", spec,
+                       lambda tmp: [str(venv_python(venv)), str(MAKE_EAGLE_DRAFT), str(target), str(tmp)],
+                       what=f"EAGLE-3 copy draft with {venv}")
     return target, out
 
 

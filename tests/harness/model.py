@@ -29,31 +29,38 @@ def ensure_tiny_model(venv: Path, name: str = "tiny-llama", layers: int = 2) -> 
     so all versions see the same weights. ``harness_reference.json`` in the
     directory holds HF greedy ids for a reference prompt.
     """
-    models = HARNESS_DIR / "models"
-    out = models / name
     script_digest = hashlib.sha256(MAKE_TINY_MODEL.read_bytes()).hexdigest()[:16]
     spec = json.dumps({"layers": layers, "script": script_digest}, sort_keys=True)
+    return build_cached(name, spec, lambda tmp: [str(venv_python(venv)), str(MAKE_TINY_MODEL), str(tmp),
+                                                 "--layers", str(layers)],
+                        what=f"model ({layers} layers) with {venv}")
+
+
+def build_cached(name: str, spec: str, command, what: str) -> Path:
+    """``HARNESS_DIR/models/<name>``, built by ``command(tmp_dir)`` unless a complete build with
+    the same ``spec`` is there. Locked (test sessions share it); written to a temp dir and renamed,
+    so a model dir is either complete or absent."""
+    models = HARNESS_DIR / "models"
+    out = models / name
     with file_lock(models / f"{name}.lock"):
         marker = out / MODEL_MARKER
         if marker.exists() and marker.read_text() == spec:
             return out
-        # write to a temp dir and rename: a model dir either is complete or absent
         tmp = models / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        _log(f"building model {out} ({layers} layers) with {venv}")
+        _log(f"building {out}: {what}")
         t0 = time.monotonic()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        proc = subprocess.run(
-            [str(venv_python(venv)), str(MAKE_TINY_MODEL), str(tmp), "--layers", str(layers)],
-            env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-        )
+        cmd = command(tmp)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"make_tiny_model.py failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"{Path(cmd[1]).name} failed (rc={proc.returncode}):\n{proc.stdout}\n"
+                               f"{proc.stderr[-4000:]}")
         (tmp / MODEL_MARKER).write_text(spec)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
-        _log(f"built model {out} in {time.monotonic() - t0:.0f}s")
+        _log(f"built {out} in {time.monotonic() - t0:.0f}s")
     return out
 
 

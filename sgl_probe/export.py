@@ -118,11 +118,8 @@ class Pipeline:
         self.sglang_version = sglang_version
         self.resource = make_resource(ident, run_id, sglang_version)
         self.processors: list[BatchSpanProcessor] = []
-        self.env_spans: list[ReadableSpan] = []
         self.summary = Summary(cfg.summary_s, ident)
-        self.exported = 0
         self.export_dropped = 0
-        self.sampled_out = 0
         self._sampler = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -176,7 +173,6 @@ class Pipeline:
                 self.export_dropped += len(spans) - max(room, 0)
             for span in spans:
                 proc.on_end(span)
-        self.exported += len(spans)
 
     def _sampled(self, trace_id: int) -> bool:
         try:
@@ -220,8 +216,6 @@ class Pipeline:
                 self.summary.add(spans[1:])
                 if self._sampled(trace_id):
                     self._emit(spans)
-                else:
-                    self.sampled_out += 1
                 done += 1
             line = self.summary.maybe_line(dropped=rec.dropped_steps + self.export_dropped)
             if line:

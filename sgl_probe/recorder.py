@@ -8,7 +8,6 @@ append. Resolution (waiting for GPU events), span building and export happen on 
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 from typing import Any, Optional
@@ -75,14 +74,12 @@ class Recorder:
         self.step_count = 0
         self.dropped_steps = 0
         self.spec: dict = {}  # num_steps / topk / num_draft_tokens / algorithm, from server args
-        self.pid = os.getpid()
 
     def reset_after_fork(self) -> None:
         self.tls = _ThreadState()
         self.steps.clear()
         self.awaiting_accept.clear()
         self.timer = None
-        self.pid = os.getpid()
 
     # -- step -----------------------------------------------------------------------------
     def begin_step(self, target, args: tuple, kwargs: dict) -> StepRecord:

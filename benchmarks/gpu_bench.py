@@ -328,12 +328,15 @@ class Shape:
         self._eager = eager
         tag = lambda v: f"{name}_{v}"  # noqa: E731
         self.tags = {v: tag(v) for v in ("untimed", "probe", "probe_hot", "sync", "probe_cpu_timer",
-                                         "events_only")}
+                                         "events_only", "probe_hot_2ev")}
         self.sched = {v: gc.make_variant(t, eager, self.cuda_graph) for v, t in self.tags.items()}
         self.probe = gc.make_probe(self.tags["probe"], {**rcv.env(), "SGL_PROBE_TIMER": "auto"})
         self.probe_hot = gc.make_probe(self.tags["probe_hot"], {"SGL_PROBE_DRAIN_S": "1000000",
                                                                 "SGL_PROBE_SUMMARY_S": "0"})
-        # Diagnostics: the probe's Python alone (cpu timer), and two bare event records alone.
+        # Diagnostics: the hot path with a start event on every phase (host-clock starts off), the
+        # probe's Python alone (cpu timer), and two bare event records alone.
+        self.probe_2ev = gc.make_probe(self.tags["probe_hot_2ev"], {"SGL_PROBE_DRAIN_S": "1000000",
+                                                                    "SGL_PROBE_SUMMARY_S": "0"})
         self.probe_cpu = gc.make_probe(self.tags["probe_cpu_timer"], {"SGL_PROBE_DRAIN_S": "1000000",
                                                                       "SGL_PROBE_SUMMARY_S": "0",
                                                                       "SGL_PROBE_TIMER": "cpu"})
@@ -354,6 +357,8 @@ class Shape:
         env = self.env
         f = self.s[variant].run_batch
         b = self.batch
+        if variant == "probe_hot_2ev" and self.probe_2ev.recorder.timer is not None:
+            self.probe_2ev.recorder.timer.host_starts = False  # the timer is made at the first step
         env.sync()
         t0 = time.perf_counter()
         for _ in range(n):
@@ -366,6 +371,8 @@ class Shape:
             self.probe_hot.pipeline.drain()  # outside the timed region: hot path only
         elif variant == "probe_cpu_timer":
             self.probe_cpu.pipeline.drain()
+        elif variant == "probe_hot_2ev":
+            self.probe_2ev.pipeline.drain()
         elif variant == "probe":
             # Finish this block's export work now, so none of it lands in another variant's block,
             # and charge the process CPU it took (drain + span building + OTLP encoding; the wait
@@ -377,7 +384,7 @@ class Shape:
         return dt
 
     def close(self) -> None:
-        for p in (self.probe, self.probe_hot, self.probe_cpu):
+        for p in (self.probe, self.probe_hot, self.probe_cpu, self.probe_2ev):
             p.pipeline.flush()
             p.instrumentor.uninstrument()
             p.pipeline.shutdown()

@@ -8,6 +8,7 @@ which reader serves which target.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable, Optional
 
 #: Modes that mean "prefill" for span purposes. TARGET_VERIFY is deliberately absent even though
@@ -29,14 +30,30 @@ class Facts:
         self.num_tokens = num_tokens
 
 
+_MODE_NAMES: dict[int, tuple[Any, Optional[str]]] = {}
+
+
 def mode_name(batch: Any) -> Optional[str]:
     fm = getattr(batch, "forward_mode", None)
-    return getattr(fm, "name", None) if fm is not None else None
+    if fm is None:
+        return None
+    # ForwardMode members are singletons; ``.name`` on an Enum goes through two Python-level
+    # descriptor calls, a dict hit on id() through none. The member is kept so its id stays valid.
+    hit = _MODE_NAMES.get(id(fm))
+    if hit is not None:
+        return hit[1]
+    name = getattr(fm, "name", None)
+    if isinstance(fm, enum.Enum) and len(_MODE_NAMES) < 256:
+        _MODE_NAMES[id(fm)] = (fm, name)
+    return name
 
 
 def batch_size(batch: Any) -> Optional[int]:
     seq_lens = getattr(batch, "seq_lens", None)
     if seq_lens is not None:
+        shape = getattr(seq_lens, "shape", None)  # a tensor: Tensor.__len__ is Python code
+        if shape:
+            return shape[0]
         try:
             return len(seq_lens)
         except TypeError:
@@ -98,7 +115,7 @@ def _tokens_for(phase: Optional[str], batch: Any, bs: Optional[int], spec: dict)
 
 
 def step(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
-    batch = _first_batch(args, kwargs)
+    batch = args[0] if args else _first_batch(args, kwargs)
     mode = mode_name(batch)
     bs = batch_size(batch)
     tokens = extend_tokens(batch) if mode in EXTEND_MODES else bs
@@ -108,11 +125,12 @@ def step(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
 def forward(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     """``TpModelWorker.forward_batch_generation(batch, forward_batch=None, pp_proxy_tensors=None,
     is_verify=False, ...)``; batch is None when a spec worker hands over a ForwardBatch."""
-    batch = _first_batch(args, kwargs)
+    batch = args[0] if args else _first_batch(args, kwargs)
     if batch is None:
         batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
     mode = mode_name(batch)
-    is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False) is True
+    is_verify = (kwargs.get("is_verify", args[3] if len(args) > 3 else False) is True) if kwargs or len(args) > 3 \
+        else False
     phase = "verify" if is_verify else _phase_for_mode(mode)
     if phase == "verify":
         mode = "TARGET_VERIFY"

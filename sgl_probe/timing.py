@@ -10,10 +10,11 @@ graph (SGLang captures at startup), so capture stays valid.
 
 What one timed call costs on the hot path is, in this order: one capture check, one look-up of
 the current stream (a C call and a dict hit: ``torch.cuda.current_stream()`` would build a new
-Python ``Stream`` object every time, which costs more than the driver's record itself), and two
-event records made through the C method with that stream, or one when the previous phase's end
-event can serve as this phase's start (see ``CudaTimer``). The end event goes on the stream the
-start event went on, so the interval is one stream's.
+Python ``Stream`` object every time, which costs more than the driver's record itself), one
+stream query, and one event record for the end, made through the C method with that stream. A
+start event is recorded only when the stream is busy and the previous phase's end event cannot
+serve as the start (see ``CudaTimer``). The end event goes on the stream the start went on, so the
+interval is one stream's.
 
 The drain thread queries events that were recorded before any capture; CUDA forbids such queries
 from other threads while a capture in the default "global" mode is under way (the capture is
@@ -22,8 +23,9 @@ it switches its own CUDA stream-capture interaction mode to thread-local, as PyT
 does; it never captures anything itself.
 
 GPU timestamps become wall-clock span times through an *anchor*: an event recorded while the
-stream was idle, paired with the host clock at that moment. Anchors are refreshed at most once a
-second, and only when the stream is found idle.
+stream was idle, paired with the host clock at that moment (one per device). Anchors are
+refreshed at most once a second, and only when the stream is found idle. On the H200 the two
+clocks did not drift measurably over 4 s (``benchmarks/gpu_clock.py``: within ~5 µs).
 """
 
 from __future__ import annotations
@@ -88,9 +90,18 @@ def _cudart_exchange_capture_mode():
 
 
 class CudaTimer:
-    """Token of ``start``: ``(start_event, anchor, stream)``; ``anchor`` is ``(event, wall_ns)``.
+    """Token of ``start``: ``(start_event, anchor, stream)``, or ``(None, anchor, stream, host_ns)``
+    for a host-clock start; ``anchor`` is ``(event, perf_counter_ns)``. A start event that is its
+    anchor's own event is not pooled (anchors stay alive).
 
-    A start event that is its anchor's own event is not pooled (anchors stay alive).
+    Host-clock starts: on a launch-bound loop the GPU has drained its queue by the time the next
+    phase starts, and a start event would only say "now, plus the launch latency". When the
+    stream is idle (one ``cudaStreamQuery``), the start is the host clock at the call's entry and
+    only the end event is recorded; the end's host time comes from the anchor plus
+    ``elapsed_time(anchor, end)``. The span then includes the launch latency of the phase's first
+    kernel (~20 µs measured on the H200 by ``benchmarks/gpu_clock.py``): time the phase really
+    took, but not GPU execution. Halves the events on exactly the loops where the host is the
+    bottleneck.
 
     Shared boundaries: recording a timing event costs the GPU a few microseconds too (it waits for
     the work before it to finish before it writes its timestamp). When a phase starts while the
@@ -106,7 +117,6 @@ class CudaTimer:
 
     kind = "cuda"
     _ANCHOR_EVERY_NS = 1_000_000_000
-    _ANCHOR_RETRY_NS = 50_000_000  # stream busy: look again in 50 ms, not at every call
     _POOL_MAX = 4096
     _STREAMS_MAX = 256
 
@@ -123,16 +133,17 @@ class CudaTimer:
         self._record = getattr(base, "record", None) or Event.record
         self._query = getattr(base, "query", None) or Event.query
         self._elapsed = getattr(base, "elapsed_time", None) or Event.elapsed_time
+        self._stream_query = getattr(getattr(C, "_CudaStreamBase", None), "query", None) or cuda.Stream.query
         self._stream_key = getattr(C, "_cuda_getCurrentStream", None)
         self._streams: dict = {}
         self._pool: list = []
         self._returned: collections.deque = collections.deque()  # appended by the drain thread
         self._claimed: set = set()  # ids of end events reused as a start (hot thread only)
         self._last_end: Optional[tuple] = None  # (event, stream) of the latest stop()
-        self.share_boundaries = True
+        self.share_boundaries = True  # benchmarks switch these two off to measure what they save
+        self.host_starts = True
         self._offset = time.time_ns() - perf_counter_ns()
-        self._anchor: Optional[tuple] = None  # (event, wall_ns)
-        self._anchor_next = 0  # perf_counter_ns before which no new anchor is tried
+        self._anchors: dict = {}  # device index -> (event, perf_counter_ns), one per device
         self._prepared = threading.local()
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
         self.fast_stream = False
@@ -172,52 +183,43 @@ class CudaTimer:
     def start(self, now_ns: int) -> Any:
         if self._capturing():
             return None
-        stream = self._streams.get(self._stream_key(-1))
+        key = self._stream_key(-1)
+        stream = self._streams.get(key)
         if stream is None:
             stream = self._lookup_stream()
-        if now_ns >= self._anchor_next:
-            token = self._try_anchor(now_ns, stream)
-            if token is not None:
-                return token
-        last = self._last_end
-        if last is not None:
-            self._last_end = None
-            if last[1] is stream and self.share_boundaries and not self._query(last[0]):
-                self._claimed.add(id(last[0]))
-                return (last[0], self._anchor, stream)
-        pool = self._pool
-        ev = pool.pop() if pool else self._pop()
-        self._record(ev, stream)
-        return (ev, self._anchor, stream)
+        return self._start_on(stream, key[1], now_ns)
 
     def _start_portable(self, now_ns: int) -> Any:
         if self._capturing():
             return None
         stream = self._current_stream()
-        if now_ns >= self._anchor_next:
-            token = self._try_anchor(now_ns, stream)
-            if token is not None:
-                return token
-        last = self._last_end
-        if last is not None:
-            self._last_end = None
-            if last[1] == stream and self.share_boundaries and not self._query(last[0]):
-                self._claimed.add(id(last[0]))
-                return (last[0], self._anchor, stream)
-        ev = self._pop()
-        self._record(ev, stream)
-        return (ev, self._anchor, stream)
+        return self._start_on(stream, stream.device_index, now_ns)
 
-    def _try_anchor(self, now_ns: int, stream: Any) -> Optional[tuple]:
-        if self._anchor is not None and not stream.query():
-            self._anchor_next = now_ns + self._ANCHOR_RETRY_NS
-            return None
-        # Idle stream: the event's GPU time is now, give or take the launch latency.
-        ev = self._new()
+    def _start_on(self, stream: Any, device: int, now_ns: int) -> Any:
+        last = self._last_end
+        self._last_end = None
+        anchor = self._anchors.get(device)
+        if self._stream_query(stream):
+            # Idle stream: the phase's first launch starts on the GPU as soon as it is issued, so
+            # the host clock at entry is its start; only the end needs an event.
+            if anchor is not None and now_ns - anchor[1] < self._ANCHOR_EVERY_NS and self.host_starts:
+                return (None, anchor, stream, now_ns)
+            # Due for a fresh anchor, and an idle stream is exactly when one can be taken: this
+            # phase's start event is it.
+            ev = self._new()
+            self._record(ev, stream)
+            anchor = self._anchors[device] = (ev, now_ns)
+            return (ev, anchor, stream)
+        if last is not None and last[1] is stream and self.share_boundaries and not self._query(last[0]):
+            self._claimed.add(id(last[0]))
+            return (last[0], anchor, stream)
+        pool = self._pool
+        ev = pool.pop() if pool else self._pop()
         self._record(ev, stream)
-        anchor = (ev, time.time_ns())
-        self._anchor = anchor
-        self._anchor_next = now_ns + self._ANCHOR_EVERY_NS
+        if anchor is None:
+            # First phase on this device and the stream busy: anchor on it anyway (span positions
+            # are off by the queued work until the next idle-stream anchor; durations are exact).
+            anchor = self._anchors[device] = (ev, now_ns)
         return (ev, anchor, stream)
 
     def stop(self, token: Any, now_ns: int) -> Any:
@@ -273,9 +275,14 @@ class CudaTimer:
             exchange(ctypes.byref(mode))
 
     def interval(self, start: Any, end: Any) -> Tuple[int, int]:
-        ev, (anchor_ev, anchor_wall), _ = start
-        elapsed = self._elapsed
-        t0 = anchor_wall if anchor_ev is ev else anchor_wall + int(elapsed(anchor_ev, ev) * 1e6)
+        ev, (anchor_ev, anchor_host), _ = start[:3]
+        elapsed, offset = self._elapsed, self._offset
+        if ev is None:  # host-clock start; the end maps through the anchor
+            t0 = start[3] + offset
+            return t0, max(t0, anchor_host + offset + int(elapsed(anchor_ev, end) * 1e6))
+        t0 = anchor_host + offset
+        if anchor_ev is not ev:
+            t0 += int(elapsed(anchor_ev, ev) * 1e6)
         return t0, t0 + int(elapsed(ev, end) * 1e6)
 
     def wall(self, host_ns: int) -> int:
@@ -284,7 +291,7 @@ class CudaTimer:
     def release(self, start: Any, end: Any) -> None:
         """Drain side (or a dropped step on the hot side): hand the events back for reuse."""
         returned = self._returned
-        if start is not None and start[0] is not start[1][0]:
+        if start is not None and start[0] is not None and start[0] is not start[1][0]:
             returned.append(start[0])
         if end is not None:
             returned.append(end)

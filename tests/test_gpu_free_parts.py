@@ -240,8 +240,8 @@ class _FakeTorch:
                 self.key = (stream_id, device_index, device_type)
                 self.device_index = device_index
 
-            def query(self):
-                return True
+            def query(self):  # idle once the fake GPU has reached everything queued
+                return fake.queued_ms <= fake.gpu_ms
 
             def __eq__(self, other):
                 return isinstance(other, Stream) and other.key == self.key
@@ -296,20 +296,24 @@ def test_cuda_timer_bookkeeping_with_stand_in_torch():
     t0, t1 = timer.interval(tok, end)
     assert t1 - t0 == 2_000_000
     timer.release(tok, end)
-    # Ordinary phases (GPU caught up, so no sharing): pooled events, the end on the start's
-    # stream, one Stream object per stream.
+    # A busy stream (work queued ahead): pooled events, the end on the start's stream, one Stream
+    # object per stream.
+    ft.queued_ms = ft.gpu_ms + 1.0
     tok2 = timer.start(now + 10)
     assert tok2[0] is end and tok2[1] is tok[1]  # the released end event came back from the pool
     ft.current = (4, 0, 1)  # the call switches streams: the end still goes on the start's stream
-    ft.gpu_ms += 1.5
+    ft.queued_ms += 1.5
     end2 = timer.stop(tok2, now + 11)
     assert ft.records[-1][1] == (3, 0, 1)
     a, b = timer.interval(tok2, end2)
-    assert a - t0 == 2_000_000 and b - a == 1_500_000
+    assert a - t0 == 3_000_000 and b - a == 1_500_000
+    ft.current = (3, 0, 1)
+    ft.gpu_ms = ft.queued_ms
     ft.capturing = True
     assert timer.start(now + 20) is None and timer.stop(None, now + 21) is None
     ft.capturing = False
     assert len(timer._streams) == 1
+    ft.current = (4, 0, 1)
     timer.start(now + 30)
     assert len(timer._streams) == 2
     # A second later, with the stream idle, a fresh anchor is taken.
@@ -363,6 +367,48 @@ def test_cuda_timer_shares_a_boundary_only_while_the_gpu_is_behind():
     s6 = timer.start(now + 10)
     e6 = timer.stop(s6, now + 11)
     assert timer.start(now + 12)[0] is not e6
+
+
+def test_cuda_timer_idle_stream_starts_from_the_host_clock():
+    """Idle stream: no start event; the span starts at the call's entry and ends at the end
+    event, mapped through the anchor. Host ns and fake GPU ms are one clock here."""
+    from sgl_probe.timing import CudaTimer
+
+    ft = _FakeTorch()
+    timer = CudaTimer(ft)
+    timer.relax_capture_mode = False
+    base = 10**12
+    host = lambda ms: base + int(ms * 1e6)  # noqa: E731
+    first = timer.start(host(0))  # no anchor yet: the start event becomes the anchor
+    assert first[0] is first[1][0]
+    ft.gpu_ms = ft.queued_ms = 2.0
+    e1 = timer.stop(first, host(2))
+    n_records = len(ft.records)
+    ft.gpu_ms = 3.0  # the host did 1 ms of scheduler work; the GPU went idle at 2 ms
+    tok = timer.start(host(3))
+    assert tok[0] is None and tok[3] == host(3) and len(ft.records) == n_records
+    ft.gpu_ms = ft.queued_ms = 4.5  # the phase ran 3 ms -> 4.5 ms on the GPU
+    e2 = timer.stop(tok, host(3.1))
+    assert len(ft.records) == n_records + 1  # one event for the whole phase
+    assert timer.ready(tok, e2)
+    t0, t1 = timer.interval(tok, e2)
+    assert t0 == timer.wall(host(3)) and t1 - t0 == 1_500_000
+    # The end maps before the start (anchor pairing error, a phase without GPU work): clamped.
+    ft.gpu_ms = 5.0
+    tok3 = timer.start(host(5.5))
+    e3 = timer.stop(tok3, host(5.6))
+    a, b = timer.interval(tok3, e3)
+    assert b == a
+    timer.release(first, e1)
+    timer.release(tok, e2)
+    timer.release(tok3, e3)
+    assert timer._pop() in (e2, e3, e1)
+    # A stale anchor is replaced by the next idle start; switched off, every start records.
+    later = timer.start(host(6) + CudaTimer._ANCHOR_EVERY_NS)
+    assert later[0] is later[1][0] and later[1] is not first[1]
+    timer.stop(later, host(7) + CudaTimer._ANCHOR_EVERY_NS)
+    timer.host_starts = False
+    assert timer.start(host(8) + CudaTimer._ANCHOR_EVERY_NS)[0] is not None
 
 
 def test_cuda_timer_falls_back_when_stream_lookup_is_missing():

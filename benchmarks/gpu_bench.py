@@ -142,6 +142,20 @@ def events_only_wrapper(env: Env):
     return w
 
 
+def _wrapt_passthrough(cls, name: str) -> None:
+    import wrapt
+
+    wrapt.wrap_function_wrapper(cls, name, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+
+
+def _plain_passthrough(cls, name: str) -> None:
+    orig = vars(cls)[name]
+
+    def patched(self, *args, **kwargs):
+        return orig(self, *args, **kwargs)
+    setattr(cls, name, patched)
+
+
 class _CpuReplay:
     def __init__(self, fn) -> None:
         self.replay = fn
@@ -264,8 +278,27 @@ def section_percall(env: Env, reps: int, calls: int, rcv_env: dict) -> dict:
                 p.append(e)
             return time.perf_counter() - t0
 
+        squery, equery = ref._stream_query, ref._query
+        done_ev = Event(enable_timing=True)
+        done_ev.record()
+
+        def stream_query():
+            st = cache.get(key_of(-1)) or lookup()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                squery(st)
+            return time.perf_counter() - t0
+
+        def event_query():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                equery(done_ev)
+            return time.perf_counter() - t0
+
         fns["two_bare_records"] = two_bare
         fns["two_records_cached_stream"] = two_fast
+        fns["stream_query"] = stream_query  # what the timer's idle check costs, C methods
+        fns["event_query"] = event_query
     names = list(fns)
     times: dict = {k: [] for k in names}
     for rep in range(reps + 1):
@@ -328,7 +361,8 @@ class Shape:
         self._eager = eager
         tag = lambda v: f"{name}_{v}"  # noqa: E731
         self.tags = {v: tag(v) for v in ("untimed", "probe", "probe_hot", "sync", "probe_cpu_timer",
-                                         "events_only", "probe_hot_2ev")}
+                                         "events_only", "probe_hot_2ev", "wrapt_passthrough",
+                                         "plain_passthrough")}
         self.sched = {v: gc.make_variant(t, eager, self.cuda_graph) for v, t in self.tags.items()}
         self.probe = gc.make_probe(self.tags["probe"], {**rcv.env(), "SGL_PROBE_TIMER": "auto"})
         self.probe_hot = gc.make_probe(self.tags["probe_hot"], {"SGL_PROBE_DRAIN_S": "1000000",
@@ -348,6 +382,12 @@ class Shape:
         if env.cuda:
             wrapt.wrap_function_wrapper(getattr(gc, "Worker_" + self.tags["events_only"]),
                                         "forward_batch_generation", events_only_wrapper(env))
+        # Diagnostics: what the wrapping alone costs on this loop (step, phase, graph and accept
+        # methods, the probe's four hot roles), through wrapt and through plain functions.
+        for variant, wrap in (("wrapt_passthrough", _wrapt_passthrough), ("plain_passthrough", _plain_passthrough)):
+            for cls_name, meth in (("Scheduler_", "run_batch"), ("Worker_", "forward_batch_generation"),
+                                   ("GraphRunner_", "replay"), ("Metrics_", "update_spec_metrics")):
+                wrap(getattr(gc, cls_name + self.tags[variant]), meth)
         # Schedulers are built after instrumenting, so the identity hook sees them, as in SGLang.
         self.s = {v: cls(None, tp_rank=0) for v, cls in self.sched.items()}
         self.steps_run = {v: 0 for v in self.s}

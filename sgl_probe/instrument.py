@@ -1,4 +1,5 @@
-"""Apply and remove the target table with wrapt; one wrapper shape per role.
+"""Apply and remove the target table: wrapt post-import hooks find the modules; once-per-process
+roles get wrapt wrappers, per-step roles plain replacement functions from the recorder.
 
 Every wrapper obeys the same rule: the probe's own work sits in ``try`` blocks that, on any
 error, log one line and switch that hook off. SGLang's call itself runs exactly once, with its
@@ -7,13 +8,14 @@ own arguments, and its exceptions propagate unchanged.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import types
 from typing import Any, Callable, Optional
 
 import wrapt
 
-from sgl_probe import readers
 from sgl_probe.targets import TARGETS, Target, by_module
 
 log = logging.getLogger("sgl_probe")
@@ -53,89 +55,6 @@ def resolve(module: Any, qualname: str) -> tuple[Any, Optional[str]]:
     return owner, attr
 
 
-def _step_wrapper(probe, hook: Hook) -> Callable:
-    target = hook.target
-    rec = probe.recorder  # one Recorder per probe for its whole life (fork resets it in place)
-    begin, end = rec.begin_step, rec.end_step
-
-    def wrapper(wrapped, instance, args, kwargs):
-        tls = rec.tls
-        if tls.step is not None or not hook.enabled:
-            return wrapped(*args, **kwargs)
-        try:
-            st = begin(target, args, kwargs)
-        except Exception as exc:
-            hook.fail(exc)
-            return wrapped(*args, **kwargs)
-        tls.step = st
-        try:
-            return wrapped(*args, **kwargs)
-        except BaseException as exc:
-            st.error = exc
-            raise
-        finally:
-            tls.step = None
-            tls.phase = None
-            try:
-                end(st)
-            except Exception as exc:
-                hook.fail(exc)
-
-    return wrapper
-
-
-def _phase_wrapper(probe, hook: Hook) -> Callable:
-    target = hook.target
-    name = target.name
-    enter = readers.ENTER[target.reader]
-    leave = readers.LEAVE.get(target.reader)
-    rec = probe.recorder
-    begin, end = rec.begin_phase, rec.end_phase
-
-    def wrapper(wrapped, instance, args, kwargs):
-        tls = rec.tls
-        st = tls.step
-        # Outside a scheduler step (startup warmup, graph capture) or nested inside another
-        # phase (verify -> target forward): not a phase of its own.
-        if st is None or tls.phase is not None or not hook.enabled:
-            return wrapped(*args, **kwargs)
-        try:
-            ph = begin(name, target, enter, args, kwargs)
-        except Exception as exc:
-            hook.fail(exc)
-            ph = None
-        if ph is None:
-            return wrapped(*args, **kwargs)
-        tls.phase = ph
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            tls.phase = None
-            try:
-                end(st, ph, None, None, exc)
-            except Exception as inner:
-                hook.fail(inner)
-            raise
-        tls.phase = None
-        try:
-            end(st, ph, leave, result, None)
-        except Exception as exc:
-            hook.fail(exc)
-        return result
-
-    return wrapper
-
-
-def _graph_wrapper(probe, hook: Hook) -> Callable:
-    def wrapper(wrapped, instance, args, kwargs):
-        ph = probe.recorder.tls.phase
-        if ph is not None:
-            ph.graph_hook = True
-        return wrapped(*args, **kwargs)
-
-    return wrapper
-
-
 def _before_wrapper(action: Callable[[Hook, Any, tuple, dict], None], hook: Hook) -> Callable:
     """Run ``action`` before the call (identity, NCCL snapshot)."""
 
@@ -150,31 +69,9 @@ def _before_wrapper(action: Callable[[Hook, Any, tuple, dict], None], hook: Hook
     return wrapper
 
 
-def _after_wrapper(action: Callable[[tuple, dict], None], hook: Hook) -> Callable:
-    """Run ``action`` after a successful call (accept-length sink: counts are final by then)."""
-
-    def wrapper(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        if hook.enabled:
-            try:
-                action(args, kwargs)
-            except Exception as exc:
-                hook.fail(exc)
-        return result
-
-    return wrapper
-
-
 def make_wrapper(probe, hook: Hook) -> Callable:
+    """The wrapt wrapper of a once-per-process role."""
     role = hook.target.role
-    if role == "step":
-        return _step_wrapper(probe, hook)
-    if role == "phase":
-        return _phase_wrapper(probe, hook)
-    if role == "graph":
-        return _graph_wrapper(probe, hook)
-    if role == "accept":
-        return _after_wrapper(probe.recorder.accept, hook)
     if role == "identity":
         return _before_wrapper(probe.on_identity, hook)
     if role == "nccl_init":
@@ -182,6 +79,12 @@ def make_wrapper(probe, hook: Hook) -> Callable:
     if role == "launch":
         return _before_wrapper(probe.on_launch, hook)
     raise ValueError(f"unknown role {role!r} in the target table")
+
+
+#: Roles called on every scheduler step: replaced by plain functions (see :mod:`sgl_probe.recorder`
+#: for why not wrapt there); the Recorder method that builds each replacement.
+HOT_ROLES = {"step": "step_method", "phase": "phase_method", "graph": "graph_method",
+             "accept": "accept_method"}
 
 
 class Instrumentor:
@@ -224,8 +127,19 @@ class Instrumentor:
         if getattr(current, "_self_sgl_probe_hook", None) is not None:
             return True  # already ours (second activation path, e.g. SGLang's plugin loader)
         hook = Hook(target)
-        wrapt.wrap_function_wrapper(owner, attr, make_wrapper(self.probe, hook))
-        wrapped = vars(owner)[attr]
+        builder = HOT_ROLES.get(target.role)
+        if builder is None:
+            wrapt.wrap_function_wrapper(owner, attr, make_wrapper(self.probe, hook))
+            wrapped = vars(owner)[attr]
+        else:
+            # The replacement takes ``self`` first: only a plain function in a class is one.
+            if not (isinstance(owner, type) and type(current) is types.FunctionType):
+                log.warning("sgl-probe: %s is a %s, not a plain method; not wrapped", target.name,
+                            type(current).__name__)
+                return False
+            wrapped = getattr(self.probe.recorder, builder)(hook, current)
+            functools.update_wrapper(wrapped, current)
+            setattr(owner, attr, wrapped)
         wrapped._self_sgl_probe_hook = hook
         hook.owner, hook.attr, hook.original, hook.resolved = owner, attr, current, True
         self.hooks.append(hook)

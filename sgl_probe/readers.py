@@ -9,7 +9,8 @@ which reader serves which target.
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Optional
+import functools
+from typing import Any, Callable, NamedTuple, Optional
 
 #: Modes that mean "prefill" for span purposes. TARGET_VERIFY is deliberately absent even though
 #: SGLang's own ``is_extend()`` is true for it: filing graph-less verifies as extend is exactly
@@ -17,17 +18,18 @@ from typing import Any, Callable, Optional
 EXTEND_MODES = frozenset({"EXTEND", "MIXED", "PREBUILT", "SPLIT_PREFILL", "DLLM_EXTEND"})
 
 
-class Facts:
+class Facts(NamedTuple):
     """What a reader learns on entry; ``phase`` None means "do not record this call"."""
 
-    __slots__ = ("phase", "mode", "batch_size", "num_tokens")
+    phase: Optional[str]
+    mode: Optional[str]
+    batch_size: Optional[int]
+    num_tokens: Optional[int]
 
-    def __init__(self, phase: Optional[str], mode: Optional[str], batch_size: Optional[int],
-                 num_tokens: Optional[int]) -> None:
-        self.phase = phase
-        self.mode = mode
-        self.batch_size = batch_size
-        self.num_tokens = num_tokens
+
+# Readers build their result with this: tuple.__new__ runs in C, where ``Facts(...)`` would run
+# a Python-level __new__ on every wrapped call.
+_facts = functools.partial(tuple.__new__, Facts)
 
 
 _MODE_NAMES: dict[int, tuple[Any, Optional[str]]] = {}
@@ -119,7 +121,7 @@ def step(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     mode = mode_name(batch)
     bs = batch_size(batch)
     tokens = extend_tokens(batch) if mode in EXTEND_MODES else bs
-    return Facts("step", mode, bs, tokens)
+    return _facts(("step", mode, bs, tokens))
 
 
 def forward(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
@@ -135,7 +137,7 @@ def forward(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     if phase == "verify":
         mode = "TARGET_VERIFY"
     bs = batch_size(batch)
-    return Facts(phase, mode, bs, _tokens_for(phase, batch, bs, spec))
+    return _facts((phase, mode, bs, _tokens_for(phase, batch, bs, spec)))
 
 
 def spec_call(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
@@ -147,10 +149,10 @@ def spec_call(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     batch = _first_batch(args, kwargs)
     seen = mode_name(batch)
     if seen == "IDLE":
-        return Facts(None, seen, 0, 0)
+        return _facts((None, seen, 0, 0))
     phase = target.phases[0]
     bs = batch_size(batch)
-    return Facts(phase, target.mode or seen, bs, _tokens_for(phase, batch, bs, spec))
+    return _facts((phase, target.mode or seen, bs, _tokens_for(phase, batch, bs, spec)))
 
 
 def draft_extend_after_decode_v1(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
@@ -162,8 +164,7 @@ def draft_extend_after_decode_v1(target, args: tuple, kwargs: dict, spec: dict) 
         return facts
     accepted = getattr(getattr(_first_batch(args, kwargs), "spec_info", None), "accept_length_cpu", None)
     if isinstance(accepted, (list, tuple)) and all(isinstance(x, int) for x in accepted):
-        facts.batch_size = len(accepted)
-        facts.num_tokens = sum(accepted) + len(accepted)
+        facts = facts._replace(batch_size=len(accepted), num_tokens=sum(accepted) + len(accepted))
     return facts
 
 

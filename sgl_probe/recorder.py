@@ -3,6 +3,15 @@
 On entry: read a few attributes, take the clock, start the timer. On exit: stop the timer and
 append. Resolution (waiting for GPU events), span building and export happen on the drain thread
 (:mod:`sgl_probe.export`); nothing here blocks, syncs the device or does I/O.
+
+The wrapped methods are built here (``Recorder.step_method`` and friends), as plain functions that
+replace the originals in their classes. Between two scheduler steps SGLang issues hundreds of
+kernel launches, which evict the probe's code and data from the CPU caches, so on a launch-bound
+GPU loop what a step costs the probe is roughly its number of Python calls times a cache-cold
+call: on the H200 host a wrapt layer cost ~4 µs per step there and a plain function under 1 µs,
+and the probe's own code ~5x what it costs in a warm micro-loop (BENCHMARKS.md). Hence one
+closure per role with the bookkeeping inline, readers that build their result in C, and no
+per-step objects beyond the two records.
 """
 
 from __future__ import annotations
@@ -10,7 +19,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sgl_probe import readers
 
@@ -22,10 +31,7 @@ class PhaseRecord:
                  "graph", "graph_hook", "error", "accept_length", "target")
 
     def __init__(self, facts: readers.Facts, target: str, host0: int, t_start: Any) -> None:
-        self.phase = facts.phase
-        self.mode = facts.mode
-        self.batch_size = facts.batch_size
-        self.num_tokens = facts.num_tokens
+        self.phase, self.mode, self.batch_size, self.num_tokens = facts
         self.target = target
         self.host0 = host0
         self.host1 = host0
@@ -43,9 +49,7 @@ class StepRecord:
 
     def __init__(self, index: int, facts: readers.Facts, host0: int) -> None:
         self.index = index
-        self.mode = facts.mode
-        self.batch_size = facts.batch_size
-        self.num_tokens = facts.num_tokens
+        _, self.mode, self.batch_size, self.num_tokens = facts
         self.host0 = host0
         self.host1 = host0
         self.phases: list[PhaseRecord] = []
@@ -76,75 +80,171 @@ class Recorder:
         self.spec: dict = {}  # num_steps / topk / num_draft_tokens / algorithm, from server args
 
     def reset_after_fork(self) -> None:
-        self.tls = _ThreadState()
+        # In place: the wrapped methods hold these objects. The forking thread is the only one
+        # left in the child, so clearing its slots clears the thread-local state.
+        self.tls.step = None
+        self.tls.phase = None
         self.steps.clear()
         self.awaiting_accept.clear()
         self.timer = None
 
-    # -- step -----------------------------------------------------------------------------
-    def begin_step(self, target, args: tuple, kwargs: dict) -> StepRecord:
+    def ensure_timer(self) -> Any:
         if self.timer is None:
             from sgl_probe.timing import make_timer
 
             self.timer = make_timer(self._timer_choice, self._log)
-        self.step_count += 1
-        return StepRecord(self.step_count, readers.step(target, args, kwargs, self.spec), perf_counter_ns())
+        return self.timer
 
-    def end_step(self, st: StepRecord) -> None:
-        st.host1 = perf_counter_ns()
-        if not st.phases and st.error is None:
-            return  # nothing ran on the device (e.g. an idle batch): no span worth sending
-        if len(self.steps) >= self.max_pending:
-            self.dropped_steps += 1
-            for ph in st.phases:
-                self.timer.release(ph.t_start, ph.t_end)
-            return
-        self.steps.append(st)
+    def drop(self, st: StepRecord) -> None:
+        """A finished step with no room left in the queue (the drain thread is behind)."""
+        self.dropped_steps += 1
+        for ph in st.phases:
+            self.timer.release(ph.t_start, ph.t_end)
 
-    # -- phase ----------------------------------------------------------------------------
-    def begin_phase(self, name: str, target, enter, args: tuple, kwargs: dict) -> Optional[PhaseRecord]:
-        """``name`` is ``target.name``, computed once by the wrapper rather than on every call."""
-        facts = enter(target, args, kwargs, self.spec)
-        if facts.phase is None:
-            return None
-        now = perf_counter_ns()
-        token = self.timer.start(now)
-        if token is None:  # stream capture in progress: record nothing
-            return None
-        return PhaseRecord(facts, name, now, token)
+    # -- the wrapped methods, one shape per role ------------------------------------------------
+    # Each takes the hook (whose ``fail`` logs once and disables it) and the original function,
+    # and returns the replacement. The original runs exactly once, with its own arguments; its
+    # exceptions propagate unchanged; the probe's own work sits in ``try`` blocks.
 
-    def end_phase(self, st: StepRecord, ph: PhaseRecord, leave, result: Any,
-                  error: Optional[BaseException]) -> None:
+    def step_method(self, hook, orig: Callable) -> Callable:
+        """A scheduler iteration: the parent of the phases called inside it."""
+        rec, tls, steps, spec = self, self.tls, self.steps, self.spec
+        target = hook.target
+        read = readers.ENTER[target.reader]
+
+        def step(obj, *args, **kwargs):
+            if tls.step is not None or not hook.enabled:
+                return orig(obj, *args, **kwargs)
+            try:
+                if rec.timer is None:
+                    rec.ensure_timer()
+                rec.step_count += 1
+                st = StepRecord(rec.step_count, read(target, args, kwargs, spec), perf_counter_ns())
+            except Exception as exc:
+                hook.fail(exc)
+                return orig(obj, *args, **kwargs)
+            tls.step = st
+            try:
+                return orig(obj, *args, **kwargs)
+            except BaseException as exc:
+                st.error = exc
+                raise
+            finally:
+                tls.step = None
+                tls.phase = None
+                try:
+                    st.host1 = perf_counter_ns()
+                    # A step with nothing timed (e.g. an idle batch) is not worth a span.
+                    if st.phases or st.error is not None:
+                        if len(steps) < rec.max_pending:
+                            steps.append(st)
+                        else:
+                            rec.drop(st)
+                except Exception as exc:
+                    hook.fail(exc)
+
+        return step
+
+    def phase_method(self, hook, orig: Callable) -> Callable:
+        """A timed call inside a step (decode, extend, draft, verify, draft-extend)."""
+        rec, tls, spec, awaiting = self, self.tls, self.spec, self.awaiting_accept
+        target = hook.target
+        name = target.name
+        read = readers.ENTER[target.reader]
+        leave = readers.LEAVE.get(target.reader)
+
+        def phase(obj, *args, **kwargs):
+            st = tls.step
+            # Outside a scheduler step (startup warmup, graph capture) or nested inside another
+            # phase (verify -> target forward): not a phase of its own.
+            if st is None or tls.phase is not None or not hook.enabled:
+                return orig(obj, *args, **kwargs)
+            ph = None
+            try:
+                facts = read(target, args, kwargs, spec)
+                if facts[0] is not None:
+                    now = perf_counter_ns()
+                    token = rec.timer.start(now)
+                    if token is not None:  # None: stream capture in progress, record nothing
+                        ph = PhaseRecord(facts, name, now, token)
+            except Exception as exc:
+                hook.fail(exc)
+            if ph is None:
+                return orig(obj, *args, **kwargs)
+            tls.phase = ph
+            try:
+                result = orig(obj, *args, **kwargs)
+            except BaseException as exc:
+                tls.phase = None
+                try:
+                    rec.close_phase(st, ph, exc)
+                except Exception as inner:
+                    hook.fail(inner)
+                raise
+            tls.phase = None
+            try:
+                now = perf_counter_ns()
+                ph.t_end = rec.timer.stop(ph.t_start, now)
+                ph.host1 = now
+                st.phases.append(ph)
+                if leave is not None:
+                    ph.graph = leave(result)
+                if ph.phase == "verify":
+                    awaiting.append(ph)
+            except Exception as exc:
+                hook.fail(exc)
+            return result
+
+        return phase
+
+    def close_phase(self, st: StepRecord, ph: PhaseRecord, error: BaseException) -> None:
+        """A phase whose call raised: its events are kept (and released later), the error noted."""
         now = perf_counter_ns()
         ph.t_end = self.timer.stop(ph.t_start, now)
         ph.host1 = now
+        ph.error = error
         st.phases.append(ph)
-        if error is not None:
-            ph.error = error
-            return
-        if leave is not None:
-            ph.graph = leave(result)
-        if ph.phase == "verify":
-            self.awaiting_accept.append(ph)
 
-    # -- accept-length sink ---------------------------------------------------------------
-    def accept(self, args: tuple, kwargs: dict) -> None:
-        """SGLang's accept-length sink (``update_spec_metrics``), called after the call returned.
+    def graph_method(self, hook, orig: Callable) -> Callable:
+        """A graph replay: marks the open phase as having run a captured graph."""
+        tls = self.tls
+
+        def graph(obj, *args, **kwargs):
+            ph = tls.phase
+            if ph is not None:
+                ph.graph_hook = True
+            return orig(obj, *args, **kwargs)
+
+        return graph
+
+    def accept_method(self, hook, orig: Callable) -> Callable:
+        """SGLang's accept-length sink (``update_spec_metrics``), read after it returned (the counts
+        are final by then).
 
         SGLang calls it once per verified decode batch, from the batch's result processing, in
         launch order: right after the step, or one step later under the overlap scheduler. So
         the oldest verify still waiting is the one being reported. A waiting verify whose batch
         size differs was never reported (SGLang skipped it, e.g. an idle or aborted batch): it
         is dropped and the next one is tried, so one skip cannot shift every later pairing.
-        Runs on the scheduler thread, as does ``end_phase``; the drain thread only reads
+        Runs on the scheduler thread, as do the phases; the drain thread only reads
         ``accept_length`` (waiting up to 2 s for it)."""
-        got = readers.accept_length(args, kwargs)
-        if got is None:
-            return
-        bs, length = got
         waiting = self.awaiting_accept
-        while waiting:
-            ph = waiting.popleft()
-            if ph.batch_size in (None, bs):
-                ph.accept_length = length
-                return
+        read = readers.accept_length
+
+        def accept(obj, *args, **kwargs):
+            result = orig(obj, *args, **kwargs)
+            if waiting and hook.enabled:  # nothing waiting (no spec decoding): nothing to read
+                try:
+                    got = read(args, kwargs)
+                    if got is not None:
+                        bs, length = got
+                        while waiting:
+                            ph = waiting.popleft()
+                            if ph.batch_size in (None, bs):
+                                ph.accept_length = length
+                                break
+                except Exception as exc:
+                    hook.fail(exc)
+            return result
+
+        return accept

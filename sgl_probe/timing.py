@@ -199,6 +199,10 @@ class CudaTimer:
         last = self._last_end
         self._last_end = None
         anchor = self._anchors.get(device)
+        if last is not None and last[1] is stream and self.share_boundaries and not self._query(last[0]) \
+                and anchor is not None:
+            self._claimed.add(id(last[0]))
+            return (last[0], anchor, stream)
         if self._stream_query(stream):
             # Idle stream: the phase's first launch starts on the GPU as soon as it is issued, so
             # the host clock at entry is its start; only the end needs an event.
@@ -210,9 +214,6 @@ class CudaTimer:
             self._record(ev, stream)
             anchor = self._anchors[device] = (ev, now_ns)
             return (ev, anchor, stream)
-        if last is not None and last[1] is stream and self.share_boundaries and not self._query(last[0]):
-            self._claimed.add(id(last[0]))
-            return (last[0], anchor, stream)
         pool = self._pool
         ev = pool.pop() if pool else self._pop()
         self._record(ev, stream)

@@ -12,7 +12,7 @@ CPU graph runner needs the intel_amx backend on AMX hardware), so the real serve
    the ``(logits, verify_output, batch, can_run_cuda_graph)`` tuple of ``EAGLEWorker.verify``,
    built from the installed version with the flag true and false, go through the probe's leave
    reader of every phase target of the table that resolves here, then through ``Recorder`` and
-   the span builder into span attributes;
+   the span builder into span attributes (through the probe's replacement methods);
 2. graph-replay hooks: with the probe activated in this process, SGLang's own graph-runner
    classes are wrapped by the probe's table; calling the wrapped ``execute``/``replay`` of each
    (on a bare instance: the method body itself cannot run without a GPU and raises, which is
@@ -43,7 +43,7 @@ for var in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT",
 from sgl_probe import activate as probe_activate  # noqa: E402
 from sgl_probe import readers, spans, targets  # noqa: E402
 from sgl_probe.export import make_resource  # noqa: E402
-from sgl_probe.instrument import resolve  # noqa: E402
+from sgl_probe.instrument import Hook, resolve  # noqa: E402
 
 PROBE = probe_activate.activate()  # before any sglang import: the table wraps modules as they load
 
@@ -89,24 +89,22 @@ def batch(mode: str, bs: int = 2):
 
 
 def step_spans(rec, phase_target, phase_batch, result, mark=None):
-    """One step with one phase through the probe's recorder and span builder; returns
+    """One step with one phase through the probe's own replacement methods (``Recorder.
+    step_method`` / ``phase_method`` around stand-in bodies) and the span builder; returns
     {span name: attributes}. ``mark`` runs while the phase is open (graph hooks)."""
     step_t = next(t for t in targets.TARGETS if t.role == "step")
-    st = rec.begin_step(step_t, (phase_batch,), {})
-    rec.tls.step = st
-    try:
-        ph = rec.begin_phase(phase_target.name, phase_target, readers.ENTER[phase_target.reader], (phase_batch,), {})
-        assert ph is not None, phase_target.name
-        rec.tls.phase = ph
+
+    def phase_body(obj, *args, **kwargs):
         if mark is not None:
             mark()
-        rec.tls.phase = None
-        rec.end_phase(st, ph, readers.LEAVE.get(phase_target.reader), result, None)
-    finally:
-        rec.tls.step = None
-        rec.tls.phase = None
-    rec.end_step(st)
-    rec.steps.remove(st)
+        return result
+
+    phase = rec.phase_method(Hook(phase_target), phase_body)
+    step = rec.step_method(Hook(step_t), lambda obj, *a, **k: phase(None, phase_batch))
+    n = rec.step_count
+    step(None, phase_batch)
+    assert rec.step_count == n + 1 and rec.steps and rec.steps[-1].phases, phase_target.name
+    st = rec.steps.pop()
     _, built = spans.build_step_spans(st, rec.timer, "graph-check", {"tp_rank": 0, "dp_rank": 0}, SPEC,
                                       make_resource({}, "graph-check", PROBE.version))
     return {s.name: dict(s.attributes) for s in built}

@@ -836,9 +836,11 @@ def print_table(r: dict) -> None:
         target = 1.005 if name.startswith("graph") else 1.01
         labels = {"probe_hot": "hot path", "probe": "full export in-block", "probe_charged": "all CPU charged",
                   "sync": "synchronize() timer"}
+        # Only the probe as deployed is judged against the target; the rest are diagnostics.
+        judged = ("probe", "probe_hot", "probe_charged")
         print("%-24s %6.2f ms  %s" % (name, x["step_ms_events"], " | ".join(
             "%s %.4f [%.4f, %.4f]%s" % (labels.get(k, k), v["median_ratio"], *v["ci95"],
-                                        "" if k == "sync" else (" met" if v["ci95"][1] <= target else " MISSED"))
+                                        "" if k not in judged else (" met" if v["ci95"][1] <= target else " MISSED"))
             for k, v in rv.items())))
     for name, x in (r.get("accuracy") or {}).items():
         if isinstance(x, dict) and "probe_over_kernel_sum" in x:

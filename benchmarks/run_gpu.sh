@@ -18,6 +18,10 @@ echo "GPUs: $NGPU"
 if [ "${SKIP_NCCL:-0}" != 1 ] && [ "$NGPU" -ge 2 ]; then
   timeout 240 python3 benchmarks/gpu_nccl.py --out "$OUT" 2>&1 | tee "$OUT/gpu_nccl.log"
 fi
+if [ "${SKIP_CLOCK:-0}" != 1 ]; then
+  CUDA_VISIBLE_DEVICES=${BENCH_GPU:-0} timeout 120 python3 benchmarks/gpu_clock.py --out "$OUT" > "$OUT/gpu_clock.log" 2>&1
+  tail -n 40 "$OUT/gpu_clock.log"
+fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   CUDA_VISIBLE_DEVICES=${BENCH_GPU:-0} timeout 480 python3 benchmarks/gpu_bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/gpu_bench.log"

@@ -141,7 +141,8 @@ class CudaTimer:
         self._pool: list = []
         self._returned: collections.deque = collections.deque()  # appended by the drain thread
         self._claimed: set = set()  # ids of end events reused as a start (hot thread only)
-        self._last_end: Optional[tuple] = None  # (event, stream) of the latest stop()
+        self._last_end: Optional[tuple] = None  # (event, stream, host ns) of the latest stop()
+        self._bad_anchor: Any = None  # an anchor event the drain thread caught mapping wrong
         self.share_boundaries = True  # benchmarks switch these two off to measure what they save
         self.host_starts = True
         self._offset = time.time_ns() - perf_counter_ns()
@@ -208,7 +209,8 @@ class CudaTimer:
         if self._stream_query(stream):
             # Idle stream: the phase's first launch starts on the GPU as soon as it is issued, so
             # the host clock at entry is its start; only the end needs an event.
-            if anchor is not None and now_ns - anchor[1] < self._ANCHOR_EVERY_NS and self.host_starts:
+            if anchor is not None and now_ns - anchor[1] < self._ANCHOR_EVERY_NS and self.host_starts \
+                    and anchor[0] is not self._bad_anchor:
                 return (None, anchor, stream, now_ns)
             # Due for a fresh anchor, and an idle stream is exactly when one can be taken: this
             # phase's start event is it.
@@ -232,8 +234,9 @@ class CudaTimer:
         ev = pool.pop() if pool else self._pop()
         stream = token[2]
         self._record(ev, stream)
-        self._last_end = (ev, stream)
-        return ev
+        # The end token doubles as the shared-boundary candidate for the next start.
+        end = self._last_end = (ev, stream, now_ns)
+        return end
 
     # -- drain side -------------------------------------------------------------------------
     def _prepare_thread(self, start: Any) -> None:
@@ -267,26 +270,36 @@ class CudaTimer:
             self._prepare_thread(start)
         exchange = state.exchange
         if exchange is None:
-            return self._query(end)
+            return self._query(end[0])
         import ctypes
 
         mode = ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)
         exchange(ctypes.byref(mode))
         try:
-            return self._query(end)
+            return self._query(end[0])
         finally:
             exchange(ctypes.byref(mode))
 
+    #: How far before its own record call an end event may map before its anchor is distrusted.
+    _ANCHOR_TOLERANCE_NS = 20_000
+
     def interval(self, start: Any, end: Any) -> Tuple[int, int]:
         ev, (anchor_ev, anchor_host), _ = start[:3]
+        end_ev, _, end_host = end
         elapsed, offset = self._elapsed, self._offset
         if ev is None:  # host-clock start; the end maps through the anchor
             t0 = start[3] + offset
-            return t0, max(t0, anchor_host + offset + int(elapsed(anchor_ev, end) * 1e6))
+            t1 = anchor_host + offset + int(elapsed(anchor_ev, end_ev) * 1e6)
+            # The GPU cannot pass an event before the host recorded it. Mapping earlier than that
+            # means the anchor's own record ran late (e.g. behind a profiler's start-up work):
+            # clamp, and have the hot thread take a new anchor.
+            if t1 < end_host + offset - self._ANCHOR_TOLERANCE_NS:
+                self._bad_anchor = anchor_ev
+            return t0, max(t1, end_host + offset, t0)
         t0 = anchor_host + offset
         if anchor_ev is not ev:
             t0 += int(elapsed(anchor_ev, ev) * 1e6)
-        return t0, t0 + int(elapsed(ev, end) * 1e6)
+        return t0, t0 + int(elapsed(ev, end_ev) * 1e6)
 
     def wall(self, host_ns: int) -> int:
         return host_ns + self._offset
@@ -297,7 +310,7 @@ class CudaTimer:
         if start is not None and start[0] is not None and start[0] is not start[1][0]:
             returned.append(start[0])
         if end is not None:
-            returned.append(end)
+            returned.append(end[0])
 
 
 def make_timer(choice: str, log) -> Any:

@@ -300,7 +300,7 @@ def test_cuda_timer_bookkeeping_with_stand_in_torch():
     # object per stream.
     ft.queued_ms = ft.gpu_ms + 1.0
     tok2 = timer.start(now + 10)
-    assert tok2[0] is end and tok2[1] is tok[1]  # the released end event came back from the pool
+    assert tok2[0] is end[0] and tok2[1] is tok[1]  # the released end event came back from the pool
     ft.current = (4, 0, 1)  # the call switches streams: the end still goes on the start's stream
     ft.queued_ms += 1.5
     end2 = timer.stop(tok2, now + 11)
@@ -332,12 +332,12 @@ def test_cuda_timer_shares_a_boundary_only_while_the_gpu_is_behind():
     ft.queued_ms = 5.0  # the GPU is 5 ms behind the host from here on
     e1 = timer.stop(first, now + 1)
     s2 = timer.start(now + 2)  # e1 not reached yet: the GPU cannot idle in between
-    assert s2[0] is e1
+    assert s2[0] is e1[0]
     ft.queued_ms = 9.0
     e2 = timer.stop(s2, now + 3)
     ft.gpu_ms = ft.queued_ms = 20.0  # the GPU catches up and goes idle
     s3 = timer.start(now + 4)
-    assert s3[0] is not e2  # a fresh start: idle time must not be counted
+    assert s3[0] is not e2[0]  # a fresh start: idle time must not be counted
     ft.queued_ms = 23.0
     e3 = timer.stop(s3, now + 5)
     ft.gpu_ms = 30.0
@@ -348,7 +348,7 @@ def test_cuda_timer_shares_a_boundary_only_while_the_gpu_is_behind():
     e4 = timer.stop(s4, now + 7)
     ft.current = (9, 0, 1)
     s5 = timer.start(now + 8)
-    assert s5[0] is not e4
+    assert s5[0] is not e4[0]
     timer.stop(s5, now + 9)
     # e1 belongs to two phases: pooled once, after both were released, in either order.
     timer.release(first, e1)
@@ -360,13 +360,13 @@ def test_cuda_timer_shares_a_boundary_only_while_the_gpu_is_behind():
         if id(ev) in pool_ids or ev.t is None:
             break
         pool_ids.append(id(ev))
-    assert pool_ids.count(id(e1)) == 1
+    assert pool_ids.count(id(e1[0])) == 1
     assert not timer._claimed
     timer.share_boundaries = False
     ft.gpu_ms, ft.queued_ms = 50.0, 60.0
     s6 = timer.start(now + 10)
     e6 = timer.stop(s6, now + 11)
-    assert timer.start(now + 12)[0] is not e6
+    assert timer.start(now + 12)[0] is not e6[0]
 
 
 def test_cuda_timer_idle_stream_starts_from_the_host_clock():
@@ -393,22 +393,36 @@ def test_cuda_timer_idle_stream_starts_from_the_host_clock():
     assert timer.ready(tok, e2)
     t0, t1 = timer.interval(tok, e2)
     assert t0 == timer.wall(host(3)) and t1 - t0 == 1_500_000
-    # The end maps before the start (anchor pairing error, a phase without GPU work): clamped.
-    ft.gpu_ms = 5.0
+    # A phase without GPU work: its end event passes as soon as it is recorded.
+    ft.gpu_ms = 5.6
     tok3 = timer.start(host(5.5))
     e3 = timer.stop(tok3, host(5.6))
     a, b = timer.interval(tok3, e3)
-    assert b == a
+    assert b - a == 100_000 and timer._bad_anchor is None
     timer.release(first, e1)
     timer.release(tok, e2)
     timer.release(tok3, e3)
-    assert timer._pop() in (e2, e3, e1)
+    assert timer._pop() in (e2[0], e3[0], e1[0])
+    # An anchor whose record ran late (its GPU time is behind its host stamp) maps ends before
+    # their own record call: clamped to the record call, and the next idle start re-anchors.
+    late = timer._anchors[0]
+    late[0].t += 1.0  # its record ran 1 ms after its host stamp
+    ft.gpu_ms = 5.7
+    tok4 = timer.start(host(5.7))
+    assert tok4[0] is None and tok4[1] is late
+    ft.gpu_ms = ft.queued_ms = 6.0
+    e4 = timer.stop(tok4, host(5.9))
+    a, b = timer.interval(tok4, e4)
+    assert b - a == 200_000 and timer._bad_anchor is late[0]
+    fresh = timer.start(host(6.1))
+    assert fresh[0] is not None and fresh[1] is not late
+    timer.stop(fresh, host(6.2))
     # A stale anchor is replaced by the next idle start; switched off, every start records.
-    later = timer.start(host(6) + CudaTimer._ANCHOR_EVERY_NS)
-    assert later[0] is later[1][0] and later[1] is not first[1]
-    timer.stop(later, host(7) + CudaTimer._ANCHOR_EVERY_NS)
+    later = timer.start(host(7) + CudaTimer._ANCHOR_EVERY_NS)
+    assert later[0] is later[1][0] and later[1] is not fresh[1]
+    timer.stop(later, host(8) + CudaTimer._ANCHOR_EVERY_NS)
     timer.host_starts = False
-    assert timer.start(host(8) + CudaTimer._ANCHOR_EVERY_NS)[0] is not None
+    assert timer.start(host(9) + CudaTimer._ANCHOR_EVERY_NS)[0] is not None
 
 
 def test_cuda_timer_falls_back_when_stream_lookup_is_missing():

@@ -87,6 +87,12 @@ HOT_ROLES = {"step": "step_method", "phase": "phase_method", "graph": "graph_met
              "accept": "accept_method"}
 
 
+def _plain_method(owner: Any, attr: str) -> bool:
+    """The per-step replacements take ``self`` first: only a plain function in a class is one
+    (not a staticmethod, classmethod, or someone else's wrapper object)."""
+    return isinstance(owner, type) and type(vars(owner)[attr]) is types.FunctionType
+
+
 class Instrumentor:
     """Applies the table lazily (post-import hooks) and can remove it again."""
 
@@ -132,8 +138,7 @@ class Instrumentor:
             wrapt.wrap_function_wrapper(owner, attr, make_wrapper(self.probe, hook))
             wrapped = vars(owner)[attr]
         else:
-            # The replacement takes ``self`` first: only a plain function in a class is one.
-            if not (isinstance(owner, type) and type(current) is types.FunctionType):
+            if not _plain_method(owner, attr):
                 log.warning("sgl-probe: %s is a %s, not a plain method; not wrapped", target.name,
                             type(current).__name__)
                 return False
@@ -167,14 +172,18 @@ def check_targets(targets: tuple[Target, ...] = TARGETS, version: Optional[str] 
             except Exception as exc:
                 modules[t.module] = exc
         mod = modules[t.module]
-        resolved = not isinstance(mod, Exception) and resolve(mod, t.qualname)[0] is not None
+        owner, attr = (None, None) if isinstance(mod, Exception) else resolve(mod, t.qualname)
+        resolved = owner is not None
+        unfit = resolved and t.role in HOT_ROLES and not _plain_method(owner, attr)
         expected = t.expected_in(version)
         if not expected and not resolved:
             continue
         for phase in t.phases:
-            row = {"phase": phase, "role": t.role, "target": t.name, "resolved": resolved,
+            row = {"phase": phase, "role": t.role, "target": t.name, "resolved": resolved and not unfit,
                    "expected": expected}
             if isinstance(mod, Exception):
                 row["error"] = f"{type(mod).__name__}: {mod}"
+            elif unfit:
+                row["error"] = f"not a plain method: {type(vars(owner)[attr]).__name__}"
             rows.append(row)
     return rows

@@ -319,3 +319,29 @@ def test_summary_without_any_exporter_matches_the_span_path(probe_factory, recei
     assert counts == ["decode n=4", "extend n=1"]
     assert [p.split(" p50=")[0] for p in lines["spans"].split(" | ")] == counts
     assert all("graph=100%" in p for p in lines["summary_only"].split(" | ") if p.startswith("decode"))
+
+
+class _NotPlain:
+    @staticmethod
+    def run_batch(batch):
+        return batch
+
+
+def test_per_step_target_that_is_not_a_plain_method_is_left_alone(probe_factory, caplog):
+    """Per-step roles are replaced by functions taking ``self``: anything else in that slot (here
+    a staticmethod) is left as it is, said once in the log, and shown unresolved by doctor."""
+    import sys
+
+    from sgl_probe.instrument import check_targets
+
+    odd = Target("step", ("step",), __name__, "_NotPlain.run_batch", "step")
+    probe = probe_factory({}, targets=TABLE)
+    before = vars(_NotPlain)["run_batch"]
+    with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+        assert probe.instrumentor.apply(odd, sys.modules[__name__]) is False
+    assert vars(_NotPlain)["run_batch"] is before and _NotPlain.run_batch(3) == 3
+    assert "not a plain method" in caplog.text
+    (row,) = check_targets((odd,))
+    assert row["resolved"] is False and "staticmethod" in row["error"]
+    (ok,) = [r for r in check_targets(TABLE) if r["target"].endswith("Scheduler.run_batch")]
+    assert ok["resolved"] is True and "error" not in ok

@@ -99,9 +99,11 @@ class CudaTimer:
     stream is idle (one ``cudaStreamQuery``), the start is the host clock at the call's entry and
     only the end event is recorded; the end's host time comes from the anchor plus
     ``elapsed_time(anchor, end)``. The span then includes the launch latency of the phase's first
-    kernel (~20 µs measured on the H200 by ``benchmarks/gpu_clock.py``): time the phase really
-    took, but not GPU execution. Halves the events on exactly the loops where the host is the
-    bottleneck.
+    kernel (10-21 µs on the H200 hosts measured by ``benchmarks/gpu_clock.py``; 80-100 µs when
+    the GPU had been idle for 50 ms or more and wakes up): time the phase really took, but not
+    GPU execution. Halves the events on exactly the loops where the host is the bottleneck.
+    Durations of host-clock starts depend on the anchor, so an end that maps to before its own
+    record call (an anchor whose record ran late) is clamped there and the anchor replaced.
 
     Shared boundaries: recording a timing event costs the GPU a few microseconds too (it waits for
     the work before it to finish before it writes its timestamp). When a phase starts while the

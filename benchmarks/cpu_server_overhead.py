@@ -7,7 +7,12 @@ pair; the printed number is the median of the paired ratios (probe-on / probe-of
 a bootstrap 95 % interval. Target >= 0.99. The probe-on server runs with its defaults (summary
 line every 30 s, no collector).
 
-    python3 benchmarks/cpu_server_overhead.py [--pairs 30] [--json benchmarks/results/cpu_server_overhead.json]
+    python3 benchmarks/cpu_server_overhead.py [--pairs 30] [--launches 1] [--json FILE]
+
+Two server processes started side by side can differ by several percent for reasons of their own
+(measured up to ~9 % between identical code paths), which one launch's interval does not show;
+``--launches N`` restarts the pair N times, alternating which starts first, and bootstraps over
+launches.
 """
 
 from __future__ import annotations
@@ -47,9 +52,38 @@ def block(server: SGLangServer, other: SGLangServer, new_tokens: int) -> float:
     return sum(r["meta_info"]["completion_tokens"] for r in out) / wall
 
 
+def one_launch(venv, model, aa: bool, pairs: int, tokens: int, probe_first: bool) -> tuple[list, list, list]:
+    """Two fresh servers; ``probe_first`` decides which one starts first."""
+    common = ("--dtype", "float32", "--disable-radix-cache")
+    on = SGLangServer(venv, model, env={"SGL_PROBE": "0" if aa else "1"}, extra_args=common)
+    off = SGLangServer(venv, model, env={"SGL_PROBE": "0"}, extra_args=common)
+    first, second = (on, off) if probe_first else (off, on)
+    with first, second:
+        try:
+            for _ in range(2):  # warm up both
+                block(on, off, tokens)
+                block(off, on, tokens)
+            ratios, tps_on, tps_off = [], [], []
+            for i in range(pairs):
+                if i % 2:
+                    a, b = block(on, off, tokens), block(off, on, tokens)
+                else:
+                    b, a = block(off, on, tokens), block(on, off, tokens)
+                tps_on.append(a)
+                tps_off.append(b)
+                ratios.append(a / b)
+        finally:
+            for server in (on, off):  # stop() must find them running
+                _signal(server, signal.SIGCONT)
+    return ratios, tps_on, tps_off
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--pairs", type=int, default=30, help="load-block pairs per launch")
+    ap.add_argument("--launches", type=int, default=1,
+                    help="fresh server pairs, start order alternating; with more than one, the "
+                         "interval is a bootstrap over launches (see BENCHMARKS.md for why)")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--aa", action="store_true",
@@ -58,30 +92,23 @@ def main() -> int:
     venv = ensure_venv("0.5.23")
     install_wheel(venv, build_wheel(HARNESS_DIR / "bench-wheel"))
     model = ensure_tiny_model(venv)
-    common = ("--dtype", "float32", "--disable-radix-cache")
-    on = SGLangServer(venv, model, env={"SGL_PROBE": "0" if args.aa else "1"}, extra_args=common)
-    off = SGLangServer(venv, model, env={"SGL_PROBE": "0"}, extra_args=common)
-    with on, off:
-        try:
-            for _ in range(2):  # warm up both
-                block(on, off, args.tokens)
-                block(off, on, args.tokens)
-            ratios, tps_on, tps_off = [], [], []
-            for i in range(args.pairs):
-                if i % 2:
-                    a, b = block(on, off, args.tokens), block(off, on, args.tokens)
-                else:
-                    b, a = block(off, on, args.tokens), block(on, off, args.tokens)
-                tps_on.append(a)
-                tps_off.append(b)
-                ratios.append(a / b)
-        finally:
-            for server in (on, off):  # stop() must find them running
-                _signal(server, signal.SIGCONT)
-    _, lo, hi = bootstrap_median_ci(ratios)
-    out = {"pairs": args.pairs, "tokens_per_request": args.tokens, "requests_per_block": len(PROMPTS),
+    ratios, tps_on, tps_off, per_launch = [], [], [], []
+    for k in range(args.launches):
+        r, a, b = one_launch(venv, model, args.aa, args.pairs, args.tokens, probe_first=k % 2 == 0)
+        ratios += r
+        tps_on += a
+        tps_off += b
+        per_launch.append(statistics.median(r))
+        print(f"launch {k + 1}/{args.launches} ({'probe' if k % 2 == 0 else 'no-probe'} server started "
+              f"first): on/off {per_launch[-1]:.4f}", flush=True)
+    # One launch: the pairs are the sample. Several: the launches are (a whole server pair's speed
+    # is a random effect of its own, larger than the pairs' spread), so resample launches.
+    _, lo, hi = bootstrap_median_ci(per_launch if args.launches > 1 else ratios)
+    out = {"pairs": args.pairs, "launches": args.launches, "tokens_per_request": args.tokens,
+           "requests_per_block": len(PROMPTS),
            "tps_on_median": statistics.median(tps_on), "tps_off_median": statistics.median(tps_off),
-           "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi], "target": 0.99,
+           "ratio_median": statistics.median(per_launch if args.launches > 1 else ratios),
+           "ratio_ci95": [lo, hi], "per_launch_ratio": per_launch, "target": 0.99,
            "sglang": "0.5.23", "tp": 1, "aa_control": args.aa, "date": time.strftime("%Y-%m-%d")}
     print(f"tokens/s probe on {out['tps_on_median']:.0f}, off {out['tps_off_median']:.0f}; paired ratio "
           f"on/off {out['ratio_median']:.4f} (95% CI {lo:.4f}-{hi:.4f}; target >= 0.99)")

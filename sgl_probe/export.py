@@ -121,6 +121,7 @@ class Pipeline:
         self.summary = Summary(cfg.summary_s, ident)
         self.export_dropped = 0
         self._sampler = None
+        self._always = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -131,6 +132,10 @@ class Pipeline:
         from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
 
         self._sampler = _get_from_env_or_default()
+        # The default (parent-based always-on, and our steps are roots) keeps every step: skip
+        # asking it per step.
+        desc = self._sampler.get_description()
+        self._always = desc == "AlwaysOnSampler" or desc.startswith("ParentBased{root:AlwaysOnSampler,")
         exporter = otlp_exporter()
         if exporter is not None:
             self.processors.append(BatchSpanProcessor(exporter))
@@ -175,6 +180,8 @@ class Pipeline:
                 proc.on_end(span)
 
     def _sampled(self, trace_id: int) -> bool:
+        if self._always:
+            return True
         try:
             res = self._sampler.should_sample(None, trace_id, "sglang.step")
             return res.decision == Decision.RECORD_AND_SAMPLE
@@ -194,7 +201,11 @@ class Pipeline:
                 if not final and not self._step_ready(st, timer, now):
                     break
                 steps.popleft()
-                if not self.processors:  # summary line only: no spans to build
+                # Sampled out (or nothing to export to): the summary line still counts the step,
+                # but no span objects are built or encoded. The sampler sees the derived trace id,
+                # so a ratio sampler keeps the same steps on every rank.
+                if not self.processors or not self._sampled(
+                        spans_mod.step_trace_id(self.run_id, self.ident, st.index)):
                     try:
                         self.summary.add(spans_mod.phase_durations(st, timer))
                     except Exception as exc:
@@ -214,8 +225,7 @@ class Pipeline:
                     for ph in st.phases:
                         timer.release(ph.t_start, ph.t_end)
                 self.summary.add(spans[1:])
-                if self._sampled(trace_id):
-                    self._emit(spans)
+                self._emit(spans)
                 done += 1
             line = self.summary.maybe_line(dropped=rec.dropped_steps + self.export_dropped)
             if line:

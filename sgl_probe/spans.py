@@ -102,10 +102,15 @@ def phase_attributes(ph: PhaseRecord, timer_kind: str, duration_ms: float, ident
     return attrs
 
 
+def step_trace_id(run_id: str, ident: dict, index: int) -> int:
+    """Every rank of a data-parallel replica puts step ``index`` in the same trace."""
+    return derived_trace_id(run_id, "dp%s" % ident.get("dp_rank", 0), "step", index)
+
+
 def build_step_spans(st: StepRecord, timer: Any, run_id: str, ident: dict, spec: dict,
                      resource: Any) -> tuple[int, list[ReadableSpan]]:
     """All spans of one scheduler step: the ``sglang.step`` parent first, then its phases."""
-    trace_id = derived_trace_id(run_id, "dp%s" % ident.get("dp_rank", 0), "step", st.index)
+    trace_id = step_trace_id(run_id, ident, st.index)
     step_ctx = SpanContext(trace_id, new_span_id(), is_remote=False, trace_flags=_SAMPLED)
     children: list[ReadableSpan] = []
     lo = timer.wall(st.host0)

@@ -345,3 +345,34 @@ def test_per_step_target_that_is_not_a_plain_method_is_left_alone(probe_factory,
     assert row["resolved"] is False and "staticmethod" in row["error"]
     (ok,) = [r for r in check_targets(TABLE) if r["target"].endswith("Scheduler.run_batch")]
     assert ok["resolved"] is True and "error" not in ok
+
+
+def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory, receiver, monkeypatch):
+    """OTEL_TRACES_SAMPLER decides before any span is built; the steps it keeps are the ones the
+    same sampler keeps for the derived trace id (so every rank keeps the same steps), and the
+    summary line still counts every step."""
+    from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
+
+    from sgl_probe import spans as spans_mod
+
+    probe = probe_factory({**receiver.env("grpc"), "OTEL_TRACES_SAMPLER": "traceidratio",
+                           "OTEL_TRACES_SAMPLER_ARG": "0.5", "SGL_PROBE_SUMMARY_S": "3600"})
+    built = []
+    real_build = spans_mod.build_step_spans
+    monkeypatch.setattr(spans_mod, "build_step_spans", lambda st, *a: built.append(st.index) or real_build(st, *a))
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    n = 40
+    for _ in range(n):
+        sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    probe.pipeline.flush()
+    ratio = TraceIdRatioBased(0.5)
+    want = {i for i in range(1, n + 1)
+            if ratio.should_sample(None, spans_mod.step_trace_id(probe.run_id, probe.ident, i), "x").decision
+            == Decision.RECORD_AND_SAMPLE}
+    assert 0 < len(want) < n
+    receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= len(want), timeout=10)
+    time.sleep(0.2)
+    got = {s.attributes["sglang.step_index"] for s in receiver.spans() if s.name == "sglang.step"}
+    assert got == want and sorted(built) == sorted(want)
+    assert probe.pipeline.summary.line().split("]: ", 1)[1].startswith(f"decode n={n} ")

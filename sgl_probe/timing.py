@@ -219,8 +219,10 @@ class CudaTimer:
             self._record(ev, stream)
             anchor = self._anchors[device] = (ev, now_ns)
             return (ev, anchor, stream)
-        if last is not None and last[1] is stream and self.share_boundaries and not self._query(last[0]) \
-                and anchor is not None:
+        # ``is`` matches the cached stream objects of the fast path; the portable path builds a
+        # new Stream per call, which only ``==`` recognises.
+        if last is not None and (last[1] is stream or last[1] == stream) and self.share_boundaries \
+                and not self._query(last[0]):
             self._claimed.add(id(last[0]))
             return (last[0], anchor, stream)
         pool = self._pool

@@ -436,6 +436,11 @@ def test_cuda_timer_falls_back_when_stream_lookup_is_missing():
     ft.gpu_ms += 1.0
     end = timer.stop(tok, 10**12 + 5)
     assert timer.ready(tok, end) and timer.interval(tok, end)[1] - timer.interval(tok, end)[0] == 1_000_000
+    # A busy stream: the portable path builds a new Stream object per call and still shares the
+    # previous phase's pending end event as the next start.
+    ft.queued_ms = ft.gpu_ms + 2.0
+    end2 = timer.stop(timer.start(10**12 + 10), 10**12 + 11)
+    assert timer.start(10**12 + 12)[0] is end2[0]
 
 
 # -- benchmark helpers ----------------------------------------------------------------------------

@@ -179,10 +179,12 @@ class Pipeline:
             for span in spans:
                 proc.on_end(span)
 
-    def _sampled(self, trace_id: int) -> bool:
+    def _sampled(self, index: int) -> bool:
+        """Whether step ``index`` is exported; the sampler sees the step's derived trace id."""
         if self._always:
             return True
         try:
+            trace_id = spans_mod.step_trace_id(self.run_id, self.ident, index)
             res = self._sampler.should_sample(None, trace_id, "sglang.step")
             return res.decision == Decision.RECORD_AND_SAMPLE
         except Exception:
@@ -204,8 +206,7 @@ class Pipeline:
                 # Sampled out (or nothing to export to): the summary line still counts the step,
                 # but no span objects are built or encoded. The sampler sees the derived trace id,
                 # so a ratio sampler keeps the same steps on every rank.
-                if not self.processors or not self._sampled(
-                        spans_mod.step_trace_id(self.run_id, self.ident, st.index)):
+                if not self.processors or not self._sampled(st.index):
                     try:
                         self.summary.add(spans_mod.phase_durations(st, timer))
                     except Exception as exc:
@@ -216,7 +217,7 @@ class Pipeline:
                     done += 1
                     continue
                 try:
-                    trace_id, spans = spans_mod.build_step_spans(
+                    _, spans = spans_mod.build_step_spans(
                         st, timer, self.run_id, self.ident, rec.spec, self.resource)
                 except Exception as exc:  # e.g. an event that never completed at shutdown
                     log.debug("sgl-probe: dropping step %d: %r", st.index, exc)

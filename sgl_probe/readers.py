@@ -131,8 +131,7 @@ def forward(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     if batch is None:
         batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
     mode = mode_name(batch)
-    is_verify = (kwargs.get("is_verify", args[3] if len(args) > 3 else False) is True) if kwargs or len(args) > 3 \
-        else False
+    is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False) is True
     phase = "verify" if is_verify else _phase_for_mode(mode)
     if phase == "verify":
         mode = "TARGET_VERIFY"

@@ -11,12 +11,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 
+from sgl_probe.contract import DEFAULT_ENV_ALLOW
+
 log = logging.getLogger("sgl_probe")
 
 T = TypeVar("T")
-
-#: Prefixes whose variables are snapshotted; ``SGL_PROBE_ENV_ALLOW`` adds names or ``PREFIX*``.
-DEFAULT_ENV_ALLOW = ("NCCL_", "CUDA_", "TORCH_", "SGLANG_", "OMP_", "PYTORCH_")
 
 
 @dataclass(frozen=True)

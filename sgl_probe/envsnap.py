@@ -12,11 +12,13 @@ import os
 import re
 from typing import Iterable, Mapping
 
+from sgl_probe.contract import SECRET_NAME_PATTERN
+
 #: Set by the first process of a run that imports SGLang (or by ``sgl-probe run``) and inherited
 #: by every worker it spawns: the allow-listed environment the user launched with, as JSON.
 LAUNCHER_ENV_VAR = "SGL_PROBE_LAUNCHER_ENV"
 
-_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE", re.I)
+_SECRET = re.compile(SECRET_NAME_PATTERN, re.I)
 
 
 def is_secret(name: str) -> bool:

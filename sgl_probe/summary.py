@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Optional
 
-from sgl_probe.targets import PHASES
+from sgl_probe.contract import PHASES
 
 
 def percentile(sorted_vals: list[float], q: float) -> float:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: Phases that become ``sglang.<phase>`` spans.
-PHASES = ("decode", "extend", "draft", "verify", "draft_extend")
+from sgl_probe.contract import PHASES  # noqa: F401  (re-exported: the table's phases)
 
 #: Roles: ``step`` opens a scheduler iteration, ``phase`` times a call, ``graph`` marks the open
 #: phase as having replayed a CUDA/CPU graph, ``accept`` carries SGLang's accept length,

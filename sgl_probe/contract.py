@@ -1,0 +1,88 @@
+"""Every name shared by the probe, the report and the testing API: span names, attribute keys,
+phases, snapshot points, settings, the env allow-list and the secret-name pattern.
+
+The span contract is what users' Jaeger queries, dashboards and tests rely on, so it is spelled
+once, here. This module imports nothing from the package: the runtime core, ``report/`` and
+``testing/`` all import it, never each other through it. (``testing/`` keeps literal copies of a
+few names as an independent oracle; a test checks that they are equal.)
+"""
+
+from __future__ import annotations
+
+#: Phases that become ``sglang.<phase>`` spans, in display order.
+PHASES = ("decode", "extend", "draft", "verify", "draft_extend")
+#: Phases that only run under speculative decoding.
+SPEC_PHASES = ("draft", "verify", "draft_extend")
+
+#: Ranks of a scheduler process, as ``sglang.<rank>`` attributes (resource and spans).
+RANKS = ("tp_rank", "dp_rank", "pp_rank")
+
+# --- span names -----------------------------------------------------------------------------
+SPAN_PREFIX = "sglang."
+STEP_SPAN = "sglang.step"
+ENV_SPAN = "sgl_probe.env_snapshot"
+
+
+def phase_span(phase: str) -> str:
+    return SPAN_PREFIX + phase
+
+
+# --- phase / step attributes ----------------------------------------------------------------
+DURATION_MS = "sgl_probe.duration_ms"
+TIMER = "sgl_probe.timer"
+HOST_MS = "sgl_probe.host_ms"
+TARGET = "sgl_probe.target"
+#: How the phase's start was taken: ``gpu_event`` (an event queued behind earlier GPU work) or
+#: ``host_clock`` (the stream was idle at the call, so the interval includes the launch latency).
+START = "sgl_probe.start"
+START_VALUES = ("gpu_event", "host_clock")
+PHASE = "sglang.phase"
+STEP_INDEX = "sglang.step_index"
+CUDA_GRAPH = "sglang.cuda_graph"
+#: Why no graph ran, from SGLang's own state (only on phases with ``sglang.cuda_graph`` false).
+NO_GRAPH_REASON = "sglang.no_graph_reason"
+NO_GRAPH_REASONS = (
+    "graphs_disabled",     # --disable-cuda-graph (or the runner was never built)
+    "batch_too_large",     # batch size above the largest captured size
+    "mode_not_captured",   # this forward mode has no captured graph (e.g. extend, eager verify)
+    "runner_refused",      # the graph runner's can_run() said no for another reason
+    "unknown",
+)
+FORWARD_MODE = "sglang.forward_mode"
+BATCH_SIZE = "sglang.batch_size"
+NUM_TOKENS = "sglang.num_tokens"
+ACCEPT_LENGTH = "sglang.spec.accept_length"
+SPEC_PREFIX = "sglang.spec."
+SPEC_SETTINGS = ("algorithm", "num_steps", "topk", "num_draft_tokens")
+
+# --- env snapshot attributes ----------------------------------------------------------------
+SNAPSHOT_POINT = "sgl_probe.snapshot_point"
+SNAPSHOT_POINTS = ("process_start", "nccl_init", "nccl_confirm")
+ENV_ATTR_PREFIX = "env."
+LAUNCHER_ENV_PREFIX = "launcher_env."
+ENV_NAMES = "sgl_probe.env.names"
+ENV_WITHHELD = "sgl_probe.env.withheld"
+ENV_DIFFERS = "sgl_probe.env.differs_from_launcher"
+NCCL_CONFIRMED_PREFIX = "nccl.confirmed."
+
+# --- resource attributes --------------------------------------------------------------------
+RUN_ID = "sgl_probe.run_id"
+PROBE_VERSION = "sgl_probe.version"
+SGLANG_VERSION = "sglang.version"
+DEFAULT_SERVICE_NAME = "sglang"
+
+# --- settings -------------------------------------------------------------------------------
+ENV_ENABLE = "SGL_PROBE"
+ENV_TRACE_DIR = "SGL_PROBE_TRACE_DIR"
+ENV_SUMMARY_S = "SGL_PROBE_SUMMARY_S"
+ENV_ALLOW = "SGL_PROBE_ENV_ALLOW"
+ENV_TIMER = "SGL_PROBE_TIMER"
+ENV_RUN_ID = "SGL_PROBE_RUN_ID"
+ENV_MAX_PENDING = "SGL_PROBE_MAX_PENDING"
+ENV_DRAIN_S = "SGL_PROBE_DRAIN_S"
+ENV_NCCL_CONFIRM = "SGL_PROBE_NCCL_CONFIRM"
+
+#: Prefixes whose variables are snapshotted; ``SGL_PROBE_ENV_ALLOW`` adds names or ``PREFIX*``.
+DEFAULT_ENV_ALLOW = ("NCCL_", "CUDA_", "TORCH_", "SGLANG_", "OMP_", "PYTORCH_")
+#: A name matching this is never captured with its value, whatever the allow-list says.
+SECRET_NAME_PATTERN = r"TOKEN|KEY|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE"

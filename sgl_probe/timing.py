@@ -1,7 +1,7 @@
 """Interval timers behind one interface: CUDA events on the GPU, perf_counter_ns on the CPU.
 
 Hot side (the scheduler thread): ``start(now_ns) -> token | None`` and ``stop(token, now_ns)``.
-Drain side (the export thread): ``ready``, ``interval``, ``wall``, ``release``.
+Drain side (the export thread): ``ready``, ``interval``, ``wall``, ``release``, ``start_kind``.
 
 The CUDA timer never synchronizes: events come from a pool, are recorded on the current stream
 around the call, and are later asked ``query()`` by the drain thread; only completed pairs are
@@ -35,6 +35,9 @@ import threading
 import time
 from typing import Any, Optional, Tuple
 
+from sgl_probe.contract import START_VALUES
+
+GPU_EVENT, HOST_CLOCK = START_VALUES
 perf_counter_ns = time.perf_counter_ns
 
 #: cudaStreamCaptureModeThreadLocal: other threads' captures no longer restrict this thread.
@@ -66,6 +69,10 @@ class CpuTimer:
 
     def release(self, start: Any, end: Any) -> None:
         pass
+
+    def start_kind(self, start: Any) -> Optional[str]:
+        """Host-clock intervals only: there is no GPU start to tell apart."""
+        return None
 
 
 def _cudart_exchange_capture_mode():
@@ -310,6 +317,14 @@ class CudaTimer:
 
     def wall(self, host_ns: int) -> int:
         return host_ns + self._offset
+
+    def start_kind(self, start: Any) -> Optional[str]:
+        """``host_clock`` when the stream was idle at the call (the interval then includes the
+        launch latency of the phase's first kernel), ``gpu_event`` when an event queued behind
+        earlier GPU work marked the start (a fresh one or the previous phase's shared end)."""
+        if start is None:
+            return None
+        return HOST_CLOCK if start[0] is None else GPU_EVENT
 
     def release(self, start: Any, end: Any) -> None:
         """Drain side (or a dropped step on the hot side): hand the events back for reuse."""

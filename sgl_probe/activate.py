@@ -16,11 +16,10 @@ import weakref
 from typing import Any, Optional
 
 from sgl_probe import config, envsnap
+from sgl_probe.contract import ENV_RUN_ID as RUN_ID_VAR
 from sgl_probe.recorder import Recorder
 
 log = logging.getLogger("sgl_probe")
-
-RUN_ID_VAR = "SGL_PROBE_RUN_ID"
 
 _PROBE: Optional["Probe"] = None
 

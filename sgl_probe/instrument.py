@@ -12,7 +12,7 @@ import functools
 import importlib
 import logging
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import wrapt
 
@@ -22,12 +22,11 @@ log = logging.getLogger("sgl_probe")
 
 
 class Hook:
-    """One applied (or attempted) target."""
+    """One applied target: where it lives, what was there before, and whether it is still on."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.enabled = True
-        self.resolved = False
         self.owner: Any = None
         self.attr: Optional[str] = None
         self.original: Any = None
@@ -56,7 +55,7 @@ def resolve(module: Any, qualname: str) -> tuple[Any, Optional[str]]:
 
 
 def _before_wrapper(action: Callable[[Hook, Any, tuple, dict], None], hook: Hook) -> Callable:
-    """Run ``action`` before the call (identity, NCCL snapshot)."""
+    """A wrapt wrapper that runs ``action`` before the call (identity, NCCL snapshot, launch)."""
 
     def wrapper(wrapped, instance, args, kwargs):
         if hook.enabled:
@@ -69,22 +68,26 @@ def _before_wrapper(action: Callable[[Hook, Any, tuple, dict], None], hook: Hook
     return wrapper
 
 
-def make_wrapper(probe, hook: Hook) -> Callable:
-    """The wrapt wrapper of a once-per-process role."""
-    role = hook.target.role
-    if role == "identity":
-        return _before_wrapper(probe.on_identity, hook)
-    if role == "nccl_init":
-        return _before_wrapper(probe.on_nccl_init, hook)
-    if role == "launch":
-        return _before_wrapper(probe.on_launch, hook)
-    raise ValueError(f"unknown role {role!r} in the target table")
+class Handler(NamedTuple):
+    """How one role is applied. ``hot``: called on every scheduler step, so the original is
+    replaced by a plain function that takes ``self`` first (see :mod:`sgl_probe.recorder` for why
+    not wrapt there); ``build(probe, hook, original)`` returns it. Otherwise ``build`` returns a
+    wrapt wrapper, applied with ``wrapt.wrap_function_wrapper``."""
+
+    hot: bool
+    build: Callable[[Any, Hook, Callable], Callable]
 
 
-#: Roles called on every scheduler step: replaced by plain functions (see :mod:`sgl_probe.recorder`
-#: for why not wrapt there); the Recorder method that builds each replacement.
-HOT_ROLES = {"step": "step_method", "phase": "phase_method", "graph": "graph_method",
-             "accept": "accept_method"}
+#: Every role of the target table (``targets.ROLES``) and what applies it.
+HANDLERS: dict[str, Handler] = {
+    "step": Handler(True, lambda probe, hook, orig: probe.recorder.step_method(hook, orig)),
+    "phase": Handler(True, lambda probe, hook, orig: probe.recorder.phase_method(hook, orig)),
+    "graph": Handler(True, lambda probe, hook, orig: probe.recorder.graph_method(hook, orig)),
+    "accept": Handler(True, lambda probe, hook, orig: probe.recorder.accept_method(hook, orig)),
+    "identity": Handler(False, lambda probe, hook, orig: _before_wrapper(probe.on_identity, hook)),
+    "nccl_init": Handler(False, lambda probe, hook, orig: _before_wrapper(probe.on_nccl_init, hook)),
+    "launch": Handler(False, lambda probe, hook, orig: _before_wrapper(probe.on_launch, hook)),
+}
 
 
 def _plain_method(owner: Any, attr: str) -> bool:
@@ -94,24 +97,32 @@ def _plain_method(owner: Any, attr: str) -> bool:
 
 
 class Instrumentor:
-    """Applies the table lazily (post-import hooks) and can remove it again."""
+    """Applies the table lazily (post-import hooks) and removes it again.
+
+    ``uninstrument()`` undoes exactly what ``instrument()`` did: every original is put back, and
+    the post-import hooks still waiting for a module are disarmed (wrapt cannot unregister them:
+    each ``instrument()`` arms a fresh generation, and a hook of an older one does nothing), so a
+    target module imported afterwards stays unwrapped and a later ``instrument()`` applies the
+    table again."""
 
     def __init__(self, probe, targets: tuple[Target, ...] = TARGETS, version: Optional[str] = None) -> None:
         self.probe = probe
         self.targets = targets
         self.version = version
         self.hooks: list[Hook] = []
-        self._registered = False
+        self._armed: Optional[object] = None  # the current generation; None: not instrumented
 
     def instrument(self) -> None:
-        if self._registered:
+        if self._armed is not None:
             return
-        self._registered = True
+        generation = self._armed = object()
         for module_name, targets in by_module(self.targets).items():
-            wrapt.register_post_import_hook(self._make_on_import(targets), module_name)
+            wrapt.register_post_import_hook(self._make_on_import(targets, generation), module_name)
 
-    def _make_on_import(self, targets: list[Target]) -> Callable:
+    def _make_on_import(self, targets: list[Target], generation: object) -> Callable:
         def on_import(module: Any) -> None:
+            if self._armed is not generation:
+                return  # uninstrumented since (or instrumented anew, with hooks of its own)
             missing = []
             for t in targets:
                 try:
@@ -132,26 +143,28 @@ class Instrumentor:
         current = vars(owner)[attr]
         if getattr(current, "_self_sgl_probe_hook", None) is not None:
             return True  # already ours (second activation path, e.g. SGLang's plugin loader)
+        handler = HANDLERS[target.role]
         hook = Hook(target)
-        builder = HOT_ROLES.get(target.role)
-        if builder is None:
-            wrapt.wrap_function_wrapper(owner, attr, make_wrapper(self.probe, hook))
-            wrapped = vars(owner)[attr]
-        else:
+        if handler.hot:
             if not _plain_method(owner, attr):
                 log.warning("sgl-probe: %s is a %s, not a plain method; not wrapped", target.name,
                             type(current).__name__)
                 return False
-            wrapped = getattr(self.probe.recorder, builder)(hook, current)
+            wrapped = handler.build(self.probe, hook, current)
             functools.update_wrapper(wrapped, current)
             setattr(owner, attr, wrapped)
+        else:
+            wrapt.wrap_function_wrapper(owner, attr, handler.build(self.probe, hook, current))
+            wrapped = vars(owner)[attr]
         wrapped._self_sgl_probe_hook = hook
-        hook.owner, hook.attr, hook.original, hook.resolved = owner, attr, current, True
+        hook.owner, hook.attr, hook.original = owner, attr, current
         self.hooks.append(hook)
         return True
 
     def uninstrument(self) -> None:
-        """Put every original back (the wrappers stay harmless if someone kept a reference)."""
+        """Put every original back and disarm the pending import hooks. A wrapper someone else
+        stacked on top of ours cannot be unwound: ours stays inside it, switched off."""
+        self._armed = None
         for hook in reversed(self.hooks):
             current = vars(hook.owner).get(hook.attr)
             if getattr(current, "_self_sgl_probe_hook", None) is hook:
@@ -174,7 +187,7 @@ def check_targets(targets: tuple[Target, ...] = TARGETS, version: Optional[str] 
         mod = modules[t.module]
         owner, attr = (None, None) if isinstance(mod, Exception) else resolve(mod, t.qualname)
         resolved = owner is not None
-        unfit = resolved and t.role in HOT_ROLES and not _plain_method(owner, attr)
+        unfit = resolved and HANDLERS[t.role].hot and not _plain_method(owner, attr)
         expected = t.expected_in(version)
         if not expected and not resolved:
             continue

@@ -44,8 +44,7 @@ class PhaseRecord:
 
 
 class StepRecord:
-    __slots__ = ("index", "mode", "batch_size", "num_tokens", "host0", "host1", "phases", "error",
-                 "created")
+    __slots__ = ("index", "mode", "batch_size", "num_tokens", "host0", "host1", "phases", "error")
 
     def __init__(self, index: int, facts: readers.Facts, host0: int) -> None:
         self.index = index
@@ -54,7 +53,6 @@ class StepRecord:
         self.host1 = host0
         self.phases: list[PhaseRecord] = []
         self.error: Optional[BaseException] = None
-        self.created = host0
 
 
 class _ThreadState(threading.local):

@@ -76,6 +76,7 @@ class Probe:
         self._start_ns = time.time_ns()
         self._start_sent = False
         self._nccl_sent = False
+        self._fingerprint_started = False
         self.nccl_confirmer = None  # SGL_PROBE_NCCL_CONFIRM=1: see sgl_probe.nccl_confirm
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _call_if_alive(ref, "_after_fork"))
@@ -85,6 +86,7 @@ class Probe:
         self.recorder.reset_after_fork()
         had_pipeline = self.pipeline is not None
         self.pipeline = None
+        self._fingerprint_started = False
         if had_pipeline:
             self.ident = dict(self.ident)
             self.ensure_pipeline()
@@ -120,6 +122,20 @@ class Probe:
         self.ident.update(ident)
         self.recorder.spec.update(read_spec(args, kwargs))
         self._send_process_start()
+        self._start_fingerprint()
+
+    def _start_fingerprint(self) -> None:
+        """Once per process, in its own thread: hashing SGLang's files must not delay a step."""
+        if self._fingerprint_started:
+            return
+        self._fingerprint_started = True
+        pipeline = self.ensure_pipeline()
+        if not pipeline.processors:
+            return  # nowhere to send it: spend nothing
+        import threading
+
+        threading.Thread(target=_send_fingerprint, args=(pipeline,), name="sgl-probe-fingerprint",
+                         daemon=True).start()
 
     def on_nccl_init(self, hook, wrapped, args: tuple, kwargs: dict) -> None:
         """First communicator in this process: NCCL reads its variables now, so snapshot now."""
@@ -146,6 +162,18 @@ class Probe:
             except Exception as exc:
                 log.warning("sgl-probe: SGL_PROBE_NCCL_CONFIRM: could not arm NCCL's log: %r", exc)
         pipeline.emit_env(attrs, time.time_ns())
+
+
+def _send_fingerprint(pipeline) -> None:
+    try:
+        from sgl_probe import fingerprint
+        from sgl_probe.contract import FINGERPRINT_SPAN
+
+        when = time.time_ns()
+        fp = fingerprint.collect(launcher_env=envsnap.launcher_env())
+        pipeline.emit_env(fingerprint.to_attributes(fp), when, FINGERPRINT_SPAN)
+    except Exception as exc:
+        log.warning("sgl-probe: run fingerprint not recorded: %r", exc)
 
 
 def get_probe() -> Optional[Probe]:

@@ -27,6 +27,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from sgl_probe.activate import sglang_version
     from sgl_probe.instrument import check_targets
 
+    from sgl_probe import config, envsnap
+
+    # Before SGLang is imported: it sets variables of its own (e.g. CUDA_CACHE_PATH) at import.
+    launcher, _ = envsnap.snapshot(config.load().env_allow)
     version = sglang_version()
     if version is None:
         msg = "sglang is not installed in this Python (%s)" % sys.executable
@@ -37,8 +41,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 2
     rows = check_targets(version=version)
     missing = [r for r in rows if r["expected"] and not r["resolved"]]
+    from sgl_probe import fingerprint
+
+    # What a server launched from this shell records, less its command line.
+    fp = fingerprint.collect(argv=(), launcher_env=launcher, full=args.full, import_torch=True)
     if args.json:
-        print(json.dumps({"sglang_version": version, "targets": rows}, indent=1))
+        print(json.dumps({"sglang_version": version, "targets": rows, "fingerprint": fp}, indent=1))
     else:
         print(f"sgl-probe doctor: SGLang {version} ({sys.executable})")
         width = max(len(r["target"]) for r in rows) if rows else 10
@@ -49,7 +57,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if r.get("error"):
                 print(f"  {'':<13} ! {r['error']}")
         print(f"{len(rows) - len(missing)} resolved, {len(missing)} missing")
+        from sgl_probe.fingerprint import text_lines
+
+        print("fingerprint (what a server started from this shell records; see `sgl-probe diff`):")
+        for line in text_lines(fp):
+            print("  " + line)
     return 1 if missing else 0
+
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -87,6 +101,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     doc = sub.add_parser("doctor", help="show which SGLang targets resolve in this environment")
     doc.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    doc.add_argument("--full", action="store_true",
+                     help="hash every SGLang file against its wheel's RECORD (default: only files "
+                          "changed since install, told by size and inode change time)")
     doc.set_defaults(func=cmd_doctor)
     run = sub.add_parser("run", help="run a command with the probe active (PYTHONPATH sitecustomize)")
     run.add_argument("command", nargs=argparse.REMAINDER)

@@ -21,6 +21,8 @@ RANKS = ("tp_rank", "dp_rank", "pp_rank")
 SPAN_PREFIX = "sglang."
 STEP_SPAN = "sglang.step"
 ENV_SPAN = "sgl_probe.env_snapshot"
+#: One per process: which SGLang code, libraries, GPUs, arguments and launch env it ran with.
+FINGERPRINT_SPAN = "sgl_probe.fingerprint"
 
 
 def phase_span(phase: str) -> str:
@@ -64,6 +66,40 @@ ENV_NAMES = "sgl_probe.env.names"
 ENV_WITHHELD = "sgl_probe.env.withheld"
 ENV_DIFFERS = "sgl_probe.env.differs_from_launcher"
 NCCL_CONFIRMED_PREFIX = "nccl.confirmed."
+
+# --- fingerprint attributes (sgl_probe.fingerprint span) -------------------------------------
+FP_PREFIX = "fingerprint."
+FP_SGLANG_VERSION = "fingerprint.sglang.version"
+FP_SGLANG_PATH = "fingerprint.sglang.path"
+#: ``wheel`` (checked against its RECORD), ``git`` (a checkout), ``unknown`` or ``absent``.
+FP_SGLANG_INSTALL = "fingerprint.sglang.install"
+#: SGLang files whose content differs from the wheel's RECORD hashes (paths as in RECORD).
+FP_PATCHED = "fingerprint.sglang.patched_files"
+FP_MISSING = "fingerprint.sglang.missing_files"
+FP_RECORD_CHECKED = "fingerprint.sglang.record_files_checked"
+FP_RECORD_HASHED = "fingerprint.sglang.record_files_hashed"
+FP_GIT_COMMIT = "fingerprint.sglang.git_commit"
+FP_GIT_MODIFIED = "fingerprint.sglang.git_modified"
+FP_ORPHANED_BYTECODE = "fingerprint.sglang.orphaned_bytecode"
+FP_STALE_BYTECODE = "fingerprint.sglang.stale_bytecode"
+FP_ERRORS = "fingerprint.errors"
+#: Runtime versions: fingerprint dict key -> attribute key.
+FP_RUNTIME = {
+    "python": "fingerprint.python.version",
+    "torch": "fingerprint.torch.version",
+    "cuda": "fingerprint.cuda.version",
+    "hip": "fingerprint.hip.version",
+    "nccl": "fingerprint.nccl.version",
+    "driver": "fingerprint.driver.version",
+    "gpu_count": "fingerprint.gpu.count",
+    "gpu_models": "fingerprint.gpu.models",
+}
+#: The command line, secrets redacted.
+FP_SERVER_ARGS = "fingerprint.server_args"
+#: The allow-listed launcher env (redacted): one attribute per variable, and the names.
+FP_LAUNCHER_ENV_PREFIX = "fingerprint.launcher_env."
+FP_LAUNCHER_ENV_NAMES = "fingerprint.launcher_env_names"
+FP_COLLECT_MS = "fingerprint.collect_ms"
 
 # --- resource attributes --------------------------------------------------------------------
 RUN_ID = "sgl_probe.run_id"

@@ -2,7 +2,9 @@
 
 Only names matching the allow-list are ever captured, and a name that looks secret is never
 captured with its value, whatever the allow-list says (``SGL_PROBE_ENV_ALLOW=MY_API_KEY`` still
-exports only the fact that it was withheld).
+exports only the fact that it was withheld). Every captured value goes through
+:func:`sgl_probe.redact.redact_value`: a credential inside a value (``user:password@`` in a URL,
+an ``hf_...`` token) is replaced, the rest kept.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from typing import Iterable, Mapping
 
 from sgl_probe.contract import SECRET_NAME_PATTERN
+from sgl_probe.redact import redact_value
 
 #: Set by the first process of a run that imports SGLang (or by ``sgl-probe run``) and inherited
 #: by every worker it spawns: the allow-listed environment the user launched with, as JSON.
@@ -55,7 +58,7 @@ def snapshot(allow: Iterable[str], environ: Mapping[str, str] | None = None) -> 
         if is_secret(name):
             withheld.append(name)
         else:
-            values[name] = value
+            values[name] = redact_value(value)
     return dict(sorted(values.items())), sorted(withheld)
 
 
@@ -82,7 +85,7 @@ def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | N
     if not isinstance(data, dict):
         return None
     # Re-filter: the variable may have been hand-written, and must not smuggle secrets out.
-    return {str(k): str(v) for k, v in data.items() if not is_secret(str(k))}
+    return {str(k): redact_value(str(v)) for k, v in data.items() if not is_secret(str(k))}
 
 
 def diff(current: Mapping[str, str], launcher: Mapping[str, str]) -> list[str]:

@@ -165,8 +165,9 @@ class Pipeline:
             except Exception as exc:  # keep draining; one bad record must not stop export
                 log.warning("sgl-probe: drain error: %r", exc)
 
-    def emit_env(self, attrs: dict, when_ns: int) -> None:
-        span = spans_mod.build_env_span(attrs, when_ns, self.run_id, self.ident, self.resource)
+    def emit_env(self, attrs: dict, when_ns: int, name: str = "sgl_probe.env_snapshot") -> None:
+        """An env snapshot span, or (``name``) another once-per-process span in the env trace."""
+        span = spans_mod.build_env_span(attrs, when_ns, self.run_id, self.ident, self.resource, name)
         self._emit([span])
 
     def _emit(self, spans: list[ReadableSpan]) -> None:

@@ -144,13 +144,14 @@ def build_step_spans(st: StepRecord, timer: Any, run_id: str, ident: dict, spec:
     return trace_id, [step_span, *children]
 
 
-def build_env_span(attrs: dict, when_ns: int, run_id: str, ident: dict, resource: Any) -> ReadableSpan:
+def build_env_span(attrs: dict, when_ns: int, run_id: str, ident: dict, resource: Any,
+                   name: str = "sgl_probe.env_snapshot") -> ReadableSpan:
     """Every process of a run puts its snapshots in one trace, so Jaeger shows them together."""
     trace_id = derived_trace_id(run_id, "env")
     ctx = SpanContext(trace_id, new_span_id(), is_remote=False, trace_flags=_SAMPLED)
     full = dict(attrs)
     full.update(rank_attributes(ident))
     return ReadableSpan(
-        name="sgl_probe.env_snapshot", context=ctx, parent=None, resource=resource, attributes=full,
+        name=name, context=ctx, parent=None, resource=resource, attributes=full,
         kind=SpanKind.INTERNAL, start_time=when_ns, end_time=when_ns,
         instrumentation_scope=SCOPE)

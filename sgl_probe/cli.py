@@ -96,6 +96,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(args)
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from sgl_probe.report.diff import run as run_diff
+
+    return run_diff(args)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="sgl-probe", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -119,6 +125,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     add_arguments(rep)
     rep.set_defaults(func=cmd_report)
+    dif = sub.add_parser(
+        "diff", help="what differs between two runs: env per rank, patched SGLang files, server args, versions, GPUs",
+        description="Compare the run fingerprints and env snapshots of two runs (trace folders, OTLP/JSON or "
+                    "Jaeger JSON files). Exit status: 0 no difference, 1 differences, 2 an input without "
+                    "sgl-probe env or fingerprint spans.")
+    from sgl_probe.report.options import add_diff_arguments
+
+    add_diff_arguments(dif)
+    dif.set_defaults(func=cmd_diff)
     args = parser.parse_args(argv)
     return args.func(args)
 

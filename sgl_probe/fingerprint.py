@@ -79,7 +79,8 @@ def record_check(record_path: str, site_dir: str, top: str = "sglang", full: boo
         if size.isdigit() and st.st_size != int(size):
             patched.append(rel)
             continue
-        if full or st.st_ctime_ns > rec_stat.st_ctime_ns:
+        # ``>=``: inode times tick coarsely (a few ms), so a file changed in RECORD's tick counts.
+        if full or st.st_ctime_ns >= rec_stat.st_ctime_ns:
             hashed += 1
             try:
                 if _record_hash(path) != want:

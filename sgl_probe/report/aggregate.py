@@ -19,6 +19,7 @@ import math
 from array import array
 from typing import Any, Optional
 
+from sgl_probe.contract import FINGERPRINT_SPAN
 from sgl_probe.report.model import ENV, PHASE_NAMES, STEP, Span
 from sgl_probe.report.stats import bucket
 
@@ -229,6 +230,7 @@ class Aggregator:
         self.runs: dict[str, dict] = {}
         self.ranks: set = set()
         self.env: dict[RankKey, list] = {}
+        self.fingerprints: dict[RankKey, dict] = {}  # the sgl_probe.fingerprint span's attributes
         self.t_min: Optional[int] = None
         self.t_max: Optional[int] = None
         # Filled by finish():
@@ -331,6 +333,9 @@ class Aggregator:
         if name == ENV:
             self._add_env(span)
             return
+        if name == FINGERPRINT_SPAN:
+            self.fingerprints.setdefault(self.rank_of(span), dict(span.attrs))
+            return
         if name != STEP:
             self.unknown_names[name] += 1
             return
@@ -423,6 +428,8 @@ class Aggregator:
         self.ranks |= other.ranks
         for rank, snaps in other.env.items():
             self.env.setdefault(rank, []).extend(snaps)
+        for rank, fp in other.fingerprints.items():
+            self.fingerprints.setdefault(rank, fp)
         if other.t_min is not None and (self.t_min is None or other.t_min < self.t_min):
             self.t_min = other.t_min
         if other.t_max is not None and (self.t_max is None or other.t_max > self.t_max):

@@ -49,6 +49,13 @@ def _read(srcs: list[str], jaeger: dict | None, jobs: int | None, agg: Aggregato
             keep(span)
 
 
+def read_aggregator(srcs: list[str], jobs: int | None) -> tuple[Aggregator, Problems]:
+    """Every span of ``srcs``, aggregated and finished."""
+    agg, problems = Aggregator(), Problems()
+    _read(srcs, None, jobs, agg, problems, None)
+    return agg.finish(), problems
+
+
 def _fail(msg: str) -> int:
     print(f"sgl-probe report: {msg}", file=sys.stderr)
     return 2
@@ -104,6 +111,12 @@ def _run(args: argparse.Namespace) -> int:
         want = (("by_bs",) if args.by_bs else ()) + (("by_rank", "stragglers") if args.by_rank else ())
     doc = document.build(agg, problems, list(args.sources) + ([args.jaeger] if args.jaeger else []), base,
                          args.baseline, want=want, by_rank_bs=args.by_rank and args.by_bs)
+    fp_diff = None
+    if base is not None:
+        from sgl_probe.report import diff
+
+        fp_diff = doc["baseline_diff"] = diff.compare(base, agg)
+        diff.mark_verdict(doc.get("speculative"), fp_diff)
     rc = 0
     try:
         if args.jaeger_json:
@@ -141,6 +154,10 @@ def _run(args: argparse.Namespace) -> int:
             json.dump(doc, sys.stdout, indent=1, ensure_ascii=False)
             sys.stdout.write("\n")
         else:
+            if fp_diff is not None:  # what differs from the baseline comes first
+                from sgl_probe.report.diff import render
+
+                sys.stdout.write("\n".join(render(fp_diff, "baseline", "this run")) + "\n\n")
             sys.stdout.write(text.render(doc, by_rank=args.by_rank, by_bs=args.by_bs))
         sys.stdout.flush()
     except BrokenPipeError:  # `sgl-probe report ... | head`

@@ -25,3 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="traces (steps) written to --jaeger-json / --perfetto: the first N (default 1000; 0 = all)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="worker processes for reading (default: one per CPU when the input is over 48 MiB)")
+
+
+def add_diff_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", metavar="A", help="the first run (e.g. the baseline): trace folder or file")
+    p.add_argument("b", metavar="B", help="the second run")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes for reading (default: one per CPU when the input is over 48 MiB)")

@@ -26,7 +26,7 @@ import time
 from typing import Any, Iterable, Mapping, Optional
 
 from sgl_probe import contract as C
-from sgl_probe.redact import redact_args
+from sgl_probe.redact import redact_args, redact_value
 
 #: How many file names a list attribute carries at most (the count is always exact).
 MAX_LISTED = 200
@@ -320,8 +320,6 @@ def collect(argv: Optional[Iterable[str]] = None, launcher_env: Optional[Mapping
     fp.update(runtime_versions(import_torch=import_torch))
     fp["server_args"] = redact_args(sys.argv if argv is None else argv)
     if launcher_env is not None:
-        from sgl_probe.redact import redact_value
-
         fp["launcher_env"] = {k: redact_value(v) for k, v in sorted(launcher_env.items())}
     fp["collect_ms"] = round((time.perf_counter() - t0) * 1000, 1)
     return fp
@@ -358,11 +356,13 @@ def to_attributes(fp: Mapping[str, Any]) -> dict[str, Any]:
     put(C.FP_ERRORS, sg.get("errors"))
     for key, attr in C.FP_RUNTIME.items():
         put(attr, fp.get(key))
-    put(C.FP_SERVER_ARGS, fp.get("server_args"))
+    # Redacted again here: whoever built ``fp``, no secret reaches a span.
+    if fp.get("server_args") is not None:
+        put(C.FP_SERVER_ARGS, redact_args(fp["server_args"]))
     if fp.get("launcher_env") is not None:
         attrs[C.FP_LAUNCHER_ENV_NAMES] = list(fp["launcher_env"])
         for name, value in fp["launcher_env"].items():
-            attrs[C.FP_LAUNCHER_ENV_PREFIX + name] = value
+            attrs[C.FP_LAUNCHER_ENV_PREFIX + name] = redact_value(str(value))
     put(C.FP_COLLECT_MS, fp.get("collect_ms"))
     return attrs
 

@@ -28,6 +28,8 @@ _FILE_SETS = [("patched SGLang files", C.FP_PATCHED), ("missing SGLang files", C
               ("orphaned bytecode", C.FP_ORPHANED_BYTECODE), ("stale bytecode", C.FP_STALE_BYTECODE)]
 #: Server flags that a speculative run and its plain baseline are expected to differ in.
 EXPECTED_FLAG_PREFIXES = ("--speculative",)
+#: The value of a flag given without one (``--disable-cuda-graph``).
+FLAG_SET = "(set)"
 
 
 def _norm(value: Any) -> Any:
@@ -46,7 +48,7 @@ def _key(value: Any) -> str:
 
 def parse_args(argv: list[str]) -> dict[str, Optional[str]]:
     """``["-m", "sglang.launch_server", "--port", "1", "--x=2", "--flag"]`` ->
-    ``{"(command)": "-m sglang.launch_server", "--port": "1", "--x": "2", "--flag": None}``."""
+    ``{"(command)": "-m sglang.launch_server", "--port": "1", "--x": "2", "--flag": "(set)"}``."""
     out: dict[str, Optional[str]] = {}
     command: list[str] = []
     flag: Optional[str] = None
@@ -54,9 +56,9 @@ def parse_args(argv: list[str]) -> dict[str, Optional[str]]:
         if item.startswith("--"):
             name, eq, value = item.partition("=")
             flag = None if eq else name
-            out[name] = value if eq else None
+            out[name] = value if eq else FLAG_SET
         elif flag is not None:
-            out[flag] = item if out[flag] is None else f"{out[flag]} {item}"
+            out[flag] = item if out[flag] == FLAG_SET else f"{out[flag]} {item}"
         else:
             command.append(item)
     if command:

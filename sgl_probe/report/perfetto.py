@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Iterable
 
+from sgl_probe.contract import FINGERPRINT_SPAN
 from sgl_probe.report.model import ENV, PHASE_NAMES, STEP, Span
 from sgl_probe.targets import PHASES
 
@@ -36,9 +37,11 @@ def events(spans: Iterable[Span], rank_of: Callable[[Span], tuple], label: Calla
         pid = ranks[rank_of(s)]  # tids count from 1: 0 is special to some viewers
         ts = round((s.start_ns - base) / 1000, 3)
         phase = PHASE_NAMES.get(s.name)
-        if s.name == ENV:
+        if s.name in (ENV, FINGERPRINT_SPAN):
             tid = 1
-            out.append({"ph": "i", "s": "p", "name": f"env snapshot: {s.attrs.get('sgl_probe.snapshot_point')}",
+            what = "run fingerprint" if s.name == FINGERPRINT_SPAN else \
+                f"env snapshot: {s.attrs.get('sgl_probe.snapshot_point')}"
+            out.append({"ph": "i", "s": "p", "name": what,
                         "cat": "sgl_probe.env", "pid": pid, "tid": tid, "ts": ts, "args": _args(s)})
             used.add((pid, tid))
             continue

@@ -1,0 +1,525 @@
+"""Real SGLang 0.5.23 on the GPU machine, with and without sgl-probe: ``run.sh SUITE...`` calls this
+after installing what ``build.py`` carried. Suites:
+
+- ``correct``: the tiny real-weight Llama, plain and EAGLE-3 (copy draft, float32), each with the
+  probe on and off (four servers at once, CUDA graphs on, decode graphs up to batch 8). Greedy
+  outputs on vs off, every span's graph flag vs SGLang's ``cuda graph:`` log line, verify accept
+  length vs SGLang's ``accept len``, span counts vs SGLang's pass counters, and the phase times
+  against the torch profiler's kernels of the same steps (SGLang's ``/start_profile``).
+- ``seed``: the 32B-class config (dummy weights): baseline with graphs, EAGLE-3 with the verify
+  eager (``--disable-cuda-graph``, the seed case) and with graphs; ``sgl-probe report`` verdicts.
+- ``overhead``: output tok/s of the tiny Llama at 16 concurrent requests (launch-bound: the
+  probe's worst case) without the probe, with it exporting every step (OTLP/gRPC + trace dir), and
+  with SGLang's own observability instead; launches alternate (all started together, then each
+  measured alone while the others are stopped with SIGSTOP).
+- ``overhead32b``: the same on/off comparison for the 32B-class config at batch 1 and 8.
+
+Results: ``$OUT/gpu_sglang_<suite>.json`` plus logs. Environment: see ``run.sh``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import analysis  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[+{time.time() - T0:5.0f}s] {msg}", flush=True)
+
+
+class Server:
+    """One ``sglang.launch_server`` in its own process group."""
+
+    def __init__(self, name: str, port: int, args: list[str], *, probe: bool, out: Path,
+                 env: Optional[dict] = None) -> None:
+        self.name, self.port, self.args, self.probe = name, port, args, probe
+        self.out = out
+        self.trace_dir = Path("/tmp/traces") / name
+        self.log_path = out / f"{name}.log"
+        self.env = dict(os.environ)
+        site = os.environ["SGL_BENCH_SITE"]
+        if probe:
+            shutil.rmtree(self.trace_dir, ignore_errors=True)
+            self.trace_dir.mkdir(parents=True)
+            # The documented PYTHONPATH entry (sitecustomize/) arms the probe from its wheel.
+            self.env.update(PYTHONPATH=f"{REPO}/sitecustomize:{os.environ['SGL_BENCH_PROBE']}:{site}",
+                            SGL_PROBE="1", SGL_PROBE_TRACE_DIR=str(self.trace_dir), SGL_PROBE_SUMMARY_S="5")
+        else:
+            self.env.update(PYTHONPATH=site)
+            self.env.pop("SGL_PROBE_TRACE_DIR", None)
+        self.env.update(env or {})
+        self.proc: Optional[subprocess.Popen] = None
+        self.stopped = False
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Server":
+        fh = open(self.log_path, "w")
+        cmd = [sys.executable, "-m", "sglang.launch_server", *self.args, "--host", "127.0.0.1",
+               "--port", str(self.port)]
+        fh.write(" ".join(cmd) + "\n")
+        fh.flush()
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.t_start = time.time()
+        return self
+
+    def wait_ready(self, timeout: float) -> bool:
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                log(f"{self.name}: exited rc={self.proc.returncode}")
+                return False
+            try:
+                with OPENER.open(self.base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.ready_s = time.time() - self.t_start
+                        log(f"{self.name}: ready after {self.ready_s:.0f}s")
+                        return True
+            except Exception:
+                pass
+            time.sleep(1)
+        log(f"{self.name}: not ready after {timeout:.0f}s")
+        return False
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is None or self.stopped:
+            return
+        self.stopped = True
+        self.resume()
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
+        time.sleep(1)
+        self.signal(signal.SIGKILL)  # leftovers of the group (the probe's exporter, if any)
+
+    def get(self, path: str, timeout: float = 30) -> str:
+        with OPENER.open(self.base + path, timeout=timeout) as r:
+            return r.read().decode()
+
+    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
+        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with OPENER.open(req, timeout=timeout) as r:
+            raw = r.read().decode()
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return {"raw": raw}
+
+    def generate(self, text: str, n: int, ignore_eos: bool = False) -> dict:
+        out = self.post("/generate", {"text": text, "sampling_params": {
+            "temperature": 0, "max_new_tokens": n, "ignore_eos": ignore_eos}})
+        meta = out.get("meta_info", {})
+        return {"text": out.get("text"), "ids": out.get("output_ids"),
+                "tokens": meta.get("completion_tokens")}
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def concurrent(fn, items: list) -> list:
+    res: list = [None] * len(items)
+
+    def run(i: int) -> None:
+        try:
+            res[i] = fn(items[i])
+        except Exception as exc:  # a failed request is a result, not a crash of the suite
+            res[i] = {"error": repr(exc)}
+
+    ths = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    return res
+
+
+def base_args(model: Path, *, mem: float, max_bs: int, extra: tuple = (), level: str = "info") -> list[str]:
+    return ["--model-path", str(model), "--attention-backend", "triton", "--sampling-backend", "pytorch",
+            "--disable-custom-all-reduce", "--mem-fraction-static", str(mem),
+            "--cuda-graph-max-bs-decode", str(max_bs), "--cuda-graph-bs-prefill", "16", "32", "64",
+            "--random-seed", "0", "--log-level", level, *extra]
+
+
+def eagle_args(draft: Path, *, dummy: bool = False) -> list[str]:
+    a = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
+         "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+    if dummy:
+        a += ["--speculative-draft-load-format", "dummy"]
+    return a
+
+
+def wait_spans(trace_dir: Path, settle_s: float = 3.0) -> list[dict]:
+    """The drain exports every 0.2 s and the batch processor every few seconds: wait until the
+    trace files stop growing."""
+    last, same_since = -1, time.time()
+    end = time.time() + 30
+    while time.time() < end:
+        size = sum(p.stat().st_size for p in trace_dir.glob("*.jsonl"))
+        if size != last:
+            last, same_since = size, time.time()
+        elif time.time() - same_since > settle_s:
+            break
+        time.sleep(0.5)
+    return analysis.read_spans(str(trace_dir))
+
+
+def probe_cli(*args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=f"{os.environ['SGL_BENCH_PROBE']}:{os.environ['SGL_BENCH_SITE']}")
+    proc = subprocess.run([sys.executable, "-m", "sgl_probe.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=180)
+    return proc.stdout + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
+
+
+PROMPTS = ["hello world the quick", "once upon a time there was", "the scheduler worker tensor",
+           "a b c d e f", "speculative decoding is", "graphs and kernels"]
+
+
+def correctness_load(srv: Server) -> dict:
+    """The same greedy requests for every server: batch 1, batch 6, and batch 12 (above the
+    largest captured decode batch, 8, so some decode steps must run without a graph)."""
+    seq = [srv.generate(p, 32) for p in PROMPTS[:3]]
+    six = concurrent(lambda i: srv.generate(PROMPTS[i % 6] + f" {i}", 48), list(range(6)))
+    twelve = concurrent(lambda i: srv.generate(PROMPTS[i % 6] + f" number {i}", 24, True), list(range(12)))
+    return {"sequential": seq, "six": six, "twelve": twelve}
+
+
+def outputs_of(load: dict) -> list:
+    return [(r or {}).get("ids") or (r or {}).get("text") for part in ("sequential", "six", "twelve")
+            for r in load[part]]
+
+
+def profile(srv: Server, name: str, out: Path) -> dict:
+    """Phase times against the profiler's kernels of the same steps inside the running server."""
+    pdir = Path("/tmp/prof") / name
+    shutil.rmtree(pdir, ignore_errors=True)
+    pdir.mkdir(parents=True)
+    before = time.time_ns()
+    try:
+        srv.post("/start_profile", {"output_dir": str(pdir), "num_steps": 60, "activities": ["GPU"]}, timeout=60)
+    except Exception as exc:
+        return {"error": f"start_profile: {exc!r}"}
+    concurrent(lambda i: srv.generate(PROMPTS[i % 6] + f" profiled {i}", 40, True), list(range(4)))
+    srv.generate("profiled single", 40, True)
+    deadline = time.time() + 60
+    files: list = []
+    while time.time() < deadline and not files:
+        time.sleep(1)
+        files = sorted(pdir.rglob("*.trace.json*"))
+    if not files:
+        return {"error": "no profiler trace written"}
+    time.sleep(2)
+    kernels = analysis.read_kernels(str(files[0]))
+    spans = [s for s in wait_spans(srv.trace_dir) if s["start"] >= before]
+    res = analysis.profiler_ratio(spans, kernels)
+    res["kernels"] = len(kernels)
+    res["trace_file"] = files[0].name
+    return res
+
+
+def suite_correct(carry: Path, out: Path) -> dict:
+    tiny, draft = carry / "models/tiny-llama4-h256", carry / "models/tiny-llama4-h256-eagle3"
+    common = ["--decode-log-interval", "1", "--enable-metrics", "--dtype", "float32"]
+    plain = base_args(tiny, mem=0.08, max_bs=8, extra=tuple(common))
+    spec = plain + eagle_args(draft)
+    servers = {"plain_on": Server("plain_on", 30010, plain, probe=True, out=out),
+               "plain_off": Server("plain_off", 30011, plain, probe=False, out=out),
+               "eagle_on": Server("eagle_on", 30012, spec, probe=True, out=out),
+               "eagle_off": Server("eagle_off", 30013, spec, probe=False, out=out)}
+    result: dict = {"servers": {}}
+    try:
+        # The first server compiles SGLang's JIT kernels into the shared cache; the rest reuse them.
+        first = servers["eagle_on"].start()
+        ok_first = first.wait_ready(300)
+        for s in servers.values():
+            if s is not first:
+                s.start()
+        ready = {n: (s is first and ok_first) or (s is not first and s.wait_ready(240)) for n, s in servers.items()}
+        loads = {n: correctness_load(s) for n, s in servers.items() if ready[n]}
+        for n in ("plain_on", "eagle_on"):
+            if ready[n]:
+                result["servers"][n] = {"profiler": profile(servers[n], n, out)}
+        for n, s in servers.items():
+            if ready[n]:
+                try:
+                    result["servers"].setdefault(n, {})["metrics"] = s.get("/metrics")
+                except Exception as exc:
+                    result["servers"].setdefault(n, {})["metrics_error"] = repr(exc)
+        result["loads"] = loads
+        result["ready"] = {n: getattr(s, "ready_s", None) for n, s in servers.items()}
+    finally:
+        time.sleep(6)  # one more summary line
+        for s in servers.values():
+            s.stop()
+    # judge
+    res: dict = {"ready_s": result.get("ready")}
+    loads = result.get("loads", {})
+    res["greedy_identical"] = {
+        "plain": "plain_on" in loads and "plain_off" in loads and outputs_of(loads["plain_on"]) == outputs_of(loads["plain_off"]),
+        "eagle": "eagle_on" in loads and "eagle_off" in loads and outputs_of(loads["eagle_on"]) == outputs_of(loads["eagle_off"]),
+        "eagle_vs_plain": "eagle_on" in loads and "plain_off" in loads and outputs_of(loads["eagle_on"]) == outputs_of(loads["plain_off"]),
+    }
+    for n, specmode in (("plain_on", False), ("eagle_on", True)):
+        s = servers[n]
+        spans = analysis.read_spans(str(s.trace_dir))
+        lines = analysis.parse_batch_lines(s.log_text())
+        info = result["servers"].get(n, {})
+        row = {"span_names": {k: sum(1 for x in spans if x["name"] == k) for k in sorted({x["name"] for x in spans})},
+               "graph_flag": analysis.graph_agreement(spans, lines, specmode),
+               "counts": analysis.count_agreement(spans, analysis.metric_counts(info.get("metrics", ""))),
+               "profiler": info.get("profiler"),
+               "summary_lines": [ln for ln in s.log_text().splitlines() if "sgl-probe summary" in ln][-3:],
+               "probe_errors": [ln for ln in s.log_text().splitlines() if "sgl-probe" in ln and ("error" in ln.lower() or "disabl" in ln.lower())][:10],
+               "no_graph_reasons": {}, "start_kinds": {}}
+        for x in spans:
+            a = x["attrs"]
+            if x["name"].startswith("sglang.") and x["name"] != "sglang.step":
+                ph = x["name"][7:]
+                if a.get("sglang.cuda_graph") is False:
+                    key = f"{ph}:{a.get('sglang.no_graph_reason')}"
+                    row["no_graph_reasons"][key] = row["no_graph_reasons"].get(key, 0) + 1
+                key = f"{ph}:{a.get('sgl_probe.start')}"
+                row["start_kinds"][key] = row["start_kinds"].get(key, 0) + 1
+        if specmode:
+            row["accept_length"] = analysis.accept_agreement(spans, lines)
+        for ph in ("decode", "extend", "draft", "verify", "draft_extend"):
+            p50 = analysis.phase_p50(spans, ph)
+            if p50 is not None:
+                row.setdefault("p50_ms", {})[ph] = p50
+        res[n] = row
+        (out / f"{n}_report.txt").write_text(probe_cli("report", str(s.trace_dir)))
+    res["doctor"] = probe_cli("doctor", "--json")
+    return res
+
+
+def suite_seed(carry: Path, out: Path) -> dict:
+    big, draft = carry / "models/seed32b", carry / "models/seed32b-eagle3"
+    common = ("--load-format", "dummy", "--decode-log-interval", "20", "--context-length", "2048")
+    runs = {"baseline": base_args(big, mem=0.8, max_bs=8, extra=common),
+            "eagle_eager": base_args(big, mem=0.8, max_bs=8, extra=common) + eagle_args(draft, dummy=True)
+            + ["--disable-cuda-graph"],
+            "eagle_graph": base_args(big, mem=0.8, max_bs=8, extra=common) + eagle_args(draft, dummy=True)}
+    res: dict = {}
+    for name, args in runs.items():
+        s = Server(f"seed_{name}", 30020, args, probe=True, out=out).start()
+        try:
+            if not s.wait_ready(330):
+                res[name] = {"error": "not ready", "log_tail": s.log_text()[-3000:]}
+                continue
+            for i in range(3):  # batch 1
+                s.generate(f"{PROMPTS[i]} seed", 64, True)
+            concurrent(lambda i: s.generate(PROMPTS[i % 6] + f" batch {i}", 48, True), list(range(8)))
+            time.sleep(6)
+        finally:
+            s.stop()
+        spans = wait_spans(s.trace_dir)
+        res[name] = {"ready_s": getattr(s, "ready_s", None),
+                     "p50_ms": {ph: analysis.phase_p50(spans, ph) for ph in ("decode", "extend", "draft", "verify", "draft_extend")},
+                     "graph_share": {ph: (lambda v: sum(v) / len(v) if v else None)(
+                         [x["attrs"].get("sglang.cuda_graph") is True for x in analysis.phase_spans(spans, ph)])
+                         for ph in ("decode", "draft", "verify", "draft_extend")},
+                     "summary_lines": [ln for ln in s.log_text().splitlines() if "sgl-probe summary" in ln][-2:]}
+    base = Path("/tmp/traces/seed_baseline")
+    for name in ("eagle_eager", "eagle_graph"):
+        txt = probe_cli("report", f"/tmp/traces/seed_{name}", "--baseline", str(base))
+        (out / f"seed_report_{name}.txt").write_text(txt)
+        res.setdefault(name, {})["report_tail"] = txt[-2500:]
+        js = probe_cli("report", f"/tmp/traces/seed_{name}", "--baseline", str(base), "--json")
+        try:
+            res[name]["report_json"] = json.loads(js)
+        except ValueError:
+            res[name]["report_json_error"] = js[-1500:]
+    return res
+
+
+def throughput(srv: Server, conc: int, tokens: int, rounds: int) -> dict:
+    """Warm-up, then ``rounds`` rounds of ``conc`` concurrent greedy requests; one request per
+    round streams, and its chunk gaps are the step times (p99)."""
+    concurrent(lambda i: srv.generate(f"warm up {i}", 16, True), list(range(conc)))
+    rates, gaps = [], []
+
+    def streamed(text: str) -> None:
+        body = {"text": text, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": tokens,
+                                                                  "ignore_eos": True}}
+        req = urllib.request.Request(srv.base + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        last = None
+        with OPENER.open(req, timeout=300) as r:
+            for line in r:
+                if line.startswith(b"data:"):
+                    now = time.perf_counter()
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+
+    for rnd in range(rounds):
+        t = time.perf_counter()
+        outs = concurrent(lambda i: (streamed(f"request {rnd} {i} stream") or {"tokens": tokens}) if i == 0
+                          else srv.generate(f"request {rnd} {i} the quick brown fox", tokens, True),
+                          list(range(conc)))
+        dt = time.perf_counter() - t
+        rates.append(sum((o or {}).get("tokens") or 0 for o in outs) / dt)
+    return {"tok_s": rates, "gaps": gaps}
+
+
+def alternate(servers: list, conc: int, tokens: int, rounds: int) -> dict:
+    """Each server measured alone, in the given (alternating) order, the others stopped."""
+    for s in servers:
+        s.pause()
+    res: dict = {}
+    for s in servers:
+        s.resume()
+        time.sleep(1.0)
+        try:
+            res[s.name] = throughput(s, conc, tokens, rounds)
+        except Exception as exc:
+            res[s.name] = {"error": repr(exc)}
+        s.pause()
+        log(f"{s.name}: {[round(x) for x in res[s.name].get('tok_s', [])]}")
+    return res
+
+
+def judge(res: dict, configs: list[str]) -> dict:
+    per = {c: [statistics.median(v["tok_s"]) for k, v in res.items() if k.rsplit("_", 1)[0] == c and v.get("tok_s")]
+           for c in configs}
+    gaps = {c: [g for k, v in res.items() if k.rsplit("_", 1)[0] == c for g in v.get("gaps", [])] for c in configs}
+    out = {"tok_s_per_launch": per}
+    p99_off = analysis.percentile(gaps[configs[0]], 0.99)
+    for c in configs[1:]:
+        r = analysis.bootstrap_ratio(per[configs[0]], per[c])
+        r["slowdown_off_over_on"] = 1 / r["median_ratio"] if r.get("median_ratio") else None
+        p99 = analysis.percentile(gaps[c], 0.99)
+        r["p99_step_ratio"] = p99 / p99_off if p99 and p99_off else None
+        out[c] = r
+    return out
+
+
+def receiver(path: str) -> tuple[subprocess.Popen, str]:
+    """A real OTLP/gRPC receiver in its own process on localhost (benchmarks/gpu_receiver.py),
+    writing what it receives to ``path``; returns it and its ``host:port``."""
+    env = dict(os.environ, PYTHONPATH=f"{os.environ['SGL_BENCH_PROBE']}:{os.environ['SGL_BENCH_SITE']}", SGL_PROBE="0")
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/gpu_receiver.py"), path], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    endpoint = proc.stdout.readline().strip()
+    return proc, endpoint.replace("http://", "")
+
+
+def suite_overhead(carry: Path, out: Path, launches: int) -> dict:
+    tiny = carry / "models/tiny-llama4-h256"
+    plain = base_args(tiny, mem=0.04, max_bs=16, level="warning")
+    received = str(out / "overhead_received.jsonl")
+    rec, endpoint = receiver(received)
+    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    configs = {
+        "off": (plain, False, {}),
+        "probe": (plain, True, otlp),
+        "sglang_obs": (plain + ["--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", endpoint],
+                       False, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}),
+    }
+    servers = []
+    port = 30100
+    for i in range(launches):
+        for c, (args, probe, env) in configs.items():
+            servers.append(Server(f"{c}_{i}", port, args, probe=probe, out=out, env=env))
+            port += 1
+    try:
+        for s in servers:
+            s.start()
+        ready = [s for s in servers if s.wait_ready(360)]
+        log(f"{len(ready)}/{len(servers)} ready")
+        # alternate: off, probe, obs, then reversed next launch, ...
+        order = []
+        for i in range(launches):
+            group = [s for s in ready if s.name.endswith(f"_{i}")]
+            order += group if i % 2 == 0 else group[::-1]
+        res = alternate(order, conc=16, tokens=128, rounds=3)
+    finally:
+        for s in servers:
+            s.stop()
+        rec.stdin.close()
+        rec.wait(30)
+    verdict = judge(res, list(configs))
+    names: dict = {}
+    with open(received) as fh:
+        for line in fh:
+            d = json.loads(line)
+            key = f"{d.get('service')}:{d['name']}"
+            names[key] = names.get(key, 0) + 1
+    verdict["received_spans"] = names
+    os.remove(received)
+    verdict["spans_in_trace_dirs"] = {s.name: sum(1 for x in analysis.read_spans(str(s.trace_dir)) if x["name"] == "sglang.decode")
+                                      for s in servers if s.probe}
+    return {"raw": res, "verdict": verdict}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead"])
+    ap.add_argument("--carry", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--tag", default="run")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for suite in args.suites:
+        log(f"suite {suite}")
+        t = time.time()
+        try:
+            if suite == "correct":
+                res = suite_correct(args.carry, args.out)
+            elif suite == "seed":
+                res = suite_seed(args.carry, args.out)
+            else:
+                res = suite_overhead(args.carry, args.out, args.launches)
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            res = {"error": repr(exc)}
+        res["wall_s"] = round(time.time() - t, 1)
+        path = args.out / f"gpu_sglang_{args.tag}_{suite}.json"
+        path.write_text(json.dumps(res, indent=1, default=str))
+        log(f"suite {suite} done in {res['wall_s']}s -> {path.name}")
+        brief = {k: v for k, v in res.items() if k not in ("doctor",)}
+        print(json.dumps(brief, default=str)[:6000], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

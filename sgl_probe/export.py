@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import Decision
 
 from sgl_probe import __version__, spans as spans_mod
+from sgl_probe.resolved import ResolvedPhase
 from sgl_probe.summary import Summary
 
 log = logging.getLogger("sgl_probe")
@@ -105,6 +106,17 @@ def make_resource(ident: dict, run_id: str, sglang_version: Optional[str]) -> Re
     if res.attributes.get("service.name", "").startswith("unknown_service"):
         res = res.merge(Resource({"service.name": "sglang"}))
     return res
+
+
+def _resolved(st, timer) -> list[ResolvedPhase]:
+    """The summary's input until the drain resolves each step once for spans and summary alike."""
+    out = []
+    for ph in st.phases:
+        if ph.t_end is not None:
+            t0, t1 = timer.interval(ph.t_start, ph.t_end)
+            out.append(ResolvedPhase(ph.phase, t0, t1, spans_mod.graph_used(ph), ph.mode, ph.batch_size,
+                                     ph.num_tokens, (ph.host1 - ph.host0) / 1e6, ph.target, ph.accept_length))
+    return out
 
 
 class Pipeline:
@@ -209,7 +221,7 @@ class Pipeline:
                 # so a ratio sampler keeps the same steps on every rank.
                 if not self.processors or not self._sampled(st.index):
                     try:
-                        self.summary.add(spans_mod.phase_durations(st, timer))
+                        self.summary.add(_resolved(st, timer))
                     except Exception as exc:
                         log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
                     finally:
@@ -218,6 +230,7 @@ class Pipeline:
                     done += 1
                     continue
                 try:
+                    phases = _resolved(st, timer)
                     _, spans = spans_mod.build_step_spans(
                         st, timer, self.run_id, self.ident, rec.spec, self.resource)
                 except Exception as exc:  # e.g. an event that never completed at shutdown
@@ -226,7 +239,7 @@ class Pipeline:
                 finally:
                     for ph in st.phases:
                         timer.release(ph.t_start, ph.t_end)
-                self.summary.add(spans[1:])
+                self.summary.add(phases)
                 self._emit(spans)
                 done += 1
             line = self.summary.maybe_line(dropped=rec.dropped_steps + self.export_dropped)

@@ -1,124 +1,139 @@
 """The periodic one-line per-phase summary in the server log: the verify-vs-decode split with no
-collector at all, ending with the live speculative-decoding verdict once verify steps with accept
-lengths and a decode time have been seen, e.g.
+collector at all, why phases ran without a CUDA graph, and the live speculative-decoding verdict
+once verify steps with accept lengths and a decode time have been seen, e.g.
 
-    sgl-probe summary [tp_rank=0 dp_rank=0 pp_rank=0]: decode n=12 ... | verify n=310 ... |
-    spec 0.69× vs graph decode (τ 2.0, break-even 2.9; verify had no graph in 100 % of steps)
+    sgl-probe summary [tp_rank=0 dp_rank=0 pp_rank=0]: decode n=12 p50=12.10ms p90=12.30ms
+    graph=100% | verify n=310 p50=29.00ms p90=29.80ms graph=0% (graphs_disabled) warm-up=1 |
+    verdict from medians, 1 warm-up call left out | spec 0.69× vs graph decode (τ 2.0, ...)
 
-The verdict math is :func:`sgl_probe.report.verdict.evaluate`, the same as ``sgl-probe report``'s
-(imported only once a verify has been seen).
+Times are over the window's steady calls: warm-up calls (:func:`sgl_probe.stats.is_warmup`) are
+counted in ``n`` and named, never in p50 / p90 or the verdict. The verdict math is
+:func:`sgl_probe.stats.evaluate`, the same as ``sgl-probe report``'s.
 """
 
 from __future__ import annotations
 
+import collections
 import time
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
-from sgl_probe.contract import PHASES
+from sgl_probe.contract import PHASES, RANKS
+from sgl_probe.resolved import ResolvedPhase
+from sgl_probe.stats import (VERDICT_STATISTIC, Verdict, evaluate, is_warmup, median, percentile,
+                             shape_key)
 
+#: Shapes remembered per process to tell a first call; beyond this, new shapes are not flagged.
+MAX_SHAPES = 4096
+#: Steady decode calls remembered across windows (a spec server decodes plainly only now and then).
+DECODE_HISTORY = 512
 
-def percentile(sorted_vals: list[float], q: float) -> float:
-    if not sorted_vals:
-        return float("nan")
-    idx = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
-    return sorted_vals[idx]
-
-
-def _item(item: Any) -> Optional[tuple]:
-    """(phase, ms, graph, accept_length) from a ``(phase, ms, graph[, accept_length])`` tuple or a
-    finished phase span (anything with ``.name`` and ``.attributes``); None for other spans."""
-    if isinstance(item, tuple):
-        return (item[0], item[1], bool(item[2]), item[3] if len(item) > 3 else None)
-    name = getattr(item, "name", "")
-    if not name.startswith("sglang.") or name == "sglang.step":
-        return None
-    attrs = item.attributes
-    ms = attrs.get("sgl_probe.duration_ms")
-    if ms is None:
-        return None
-    return (name[len("sglang."):], ms, attrs.get("sglang.cuda_graph") is True,
-            attrs.get("sglang.spec.accept_length"))
+# A window item: (ms, graph, no_graph_reason, shape, whether it was the shape's first call)
+_MS, _GRAPH, _REASON, _SHAPE, _FIRST = range(5)
 
 
 class Summary:
     def __init__(self, every_s: float, ident: dict) -> None:
         self.every_ns = int(every_s * 1e9)
         self.ident = ident
-        self._window: dict[str, list[tuple[float, bool]]] = {}
+        self._window: dict[str, list[tuple]] = {}
         self._accept: list[float] = []
-        # Decode per-step time survives the window: a spec server decodes plainly only now and
-        # then (or never: then the verdict needs `sgl-probe report --baseline`).
-        self._decode: dict[bool, list] = {True: [0, 0.0], False: [0, 0.0]}
+        self._seen: set = set()
+        # Survives the window: a spec server may decode plainly only now and then (or never:
+        # then the verdict needs `sgl-probe report --baseline`). First calls are kept out.
+        self._decode: dict[bool, collections.deque] = {
+            True: collections.deque(maxlen=DECODE_HISTORY), False: collections.deque(maxlen=DECODE_HISTORY)}
         self._last = time.monotonic_ns()
 
-    def add(self, items: Iterable[Any]) -> None:
-        """Phase durations of one step: ``(phase, ms, graph)`` / ``(phase, ms, graph, accept_length)``
-        tuples, or the step's spans themselves (which carry the accept length)."""
+    def add(self, phases: Iterable[ResolvedPhase]) -> None:
+        """The resolved phases of one step."""
         if self.every_ns <= 0:
             return
-        for item in items:
-            got = _item(item)
-            if got is None:
-                continue
-            phase, ms, graph, accept = got
-            self._window.setdefault(phase, []).append((ms, graph))
-            if phase == "verify" and accept is not None:
-                self._accept.append(accept)
-            elif phase == "decode":
-                ref = self._decode[graph]
-                ref[0] += 1
-                ref[1] += ms
+        seen = self._seen
+        for ph in phases:
+            ms = (ph.end_ns - ph.start_ns) / 1e6
+            key = shape_key(ph.phase, ph.mode, ph.batch_size, ph.graph, ph.num_tokens)
+            first = key not in seen and len(seen) < MAX_SHAPES
+            if first:
+                seen.add(key)
+            self._window.setdefault(ph.phase, []).append((ms, ph.graph, ph.no_graph_reason, key, first))
+            if ph.phase == "verify" and ph.accept_length is not None:
+                self._accept.append(ph.accept_length)
+            elif ph.phase == "decode" and not first:
+                self._decode[ph.graph].append(ms)
 
-    def verdict(self):
+    # -- the window's steady state ---------------------------------------------------------------
+    def _steady(self) -> dict[str, tuple[list, int]]:
+        """phase -> (steady items, warm-up count) for the current window. A first call is
+        compared with its shape's other calls in the window, else with the phase's other calls
+        of the same graph flag."""
+        out = {}
+        for phase, items in self._window.items():
+            firsts = [it for it in items if it[_FIRST]]
+            if not firsts:
+                out[phase] = (items, 0)
+                continue
+            by_shape: dict = {}
+            by_graph: dict = {}
+            for it in items:
+                if not it[_FIRST]:
+                    by_shape.setdefault(it[_SHAPE], []).append(it[_MS])
+                    by_graph.setdefault(it[_GRAPH], []).append(it[_MS])
+            warm = set()
+            for it in firsts:
+                ref = by_shape.get(it[_SHAPE]) or by_graph.get(it[_GRAPH])
+                if ref and is_warmup(it[_MS], median(ref)):
+                    warm.add(id(it))
+            out[phase] = ([it for it in items if id(it) not in warm], len(warm))
+        return out
+
+    def verdict(self, steady: Optional[dict] = None) -> Optional[Verdict]:
         """The live verdict for the current window, or None (no verify with an accept length, or
         no decode time seen yet)."""
+        steady = self._steady() if steady is None else steady
         verify = self._window.get("verify")
         if not verify or not self._accept:
             return None
-        graph_dec = self._decode_mean(True)
-        eager_dec = self._decode_mean(False)
-        if graph_dec is None and eager_dec is None:
+
+        def med(phase: str, graph: Optional[bool] = None) -> Optional[float]:
+            vals = [it[_MS] for it in steady.get(phase, ((), 0))[0] if graph is None or it[_GRAPH] == graph]
+            return median(vals) if vals else None
+
+        decode = {g: (median(self._decode[g]) if self._decode[g] else med("decode", g)) for g in (True, False)}
+        decode_graph = decode[True] is not None
+        t_decode = decode[True] if decode_graph else decode[False]
+        if t_decode is None:
             return None
-        from sgl_probe.report.verdict import evaluate
-
-        def mean(phase: str, graph: Optional[bool] = None) -> Optional[float]:
-            vals = [ms for ms, g in self._window.get(phase, ()) if graph is None or g == graph]
-            return sum(vals) / len(vals) if vals else None
-
-        no_graph = sum(1 for _, g in verify if not g) / len(verify)
-        graph_verify = mean("verify", True)
-        decode_graph = graph_dec is not None
-        t_decode = graph_dec if decode_graph else eager_dec
+        no_graph = sum(1 for it in verify if not it[_GRAPH]) / len(verify)
+        graph_verify = med("verify", True)
         return evaluate(
-            sum(self._accept) / len(self._accept), t_decode, mean("verify"), mean("draft") or 0.0,
-            mean("draft_extend") or 0.0, decode_graph=decode_graph, verify_no_graph=no_graph,
+            sum(self._accept) / len(self._accept), t_decode, med("verify"), med("draft") or 0.0,
+            med("draft_extend") or 0.0, decode_graph=decode_graph, verify_no_graph=no_graph,
             verify_graph_ms=graph_verify if graph_verify is not None else (t_decode if decode_graph else None),
             verify_graph_source="measured" if graph_verify is not None else "one graph decode forward")
-
-    def _decode_mean(self, graph: bool) -> Optional[float]:
-        window = [ms for ms, g in self._window.get("decode", ()) if g == graph]
-        if window:
-            return sum(window) / len(window)
-        n, total = self._decode[graph]
-        return total / n if n else None
 
     def line(self, dropped: int = 0) -> Optional[str]:
         if not self._window:
             return None
-        who = " ".join(f"{k}={self.ident[k]}" for k in ("tp_rank", "dp_rank", "pp_rank")
-                       if self.ident.get(k) is not None)
+        who = " ".join(f"{k}={self.ident[k]}" for k in RANKS if self.ident.get(k) is not None)
+        steady = self._steady()
         parts = []
+        warm_total = 0
         for phase in sorted(self._window, key=lambda p: PHASES.index(p) if p in PHASES else 99):
-            vals = self._window[phase]
-            ms = sorted(v for v, _ in vals)
-            graph = sum(1 for _, g in vals if g) / len(vals)
-            parts.append(f"{phase} n={len(vals)} p50={percentile(ms, .5):.2f}ms "
-                         f"p90={percentile(ms, .9):.2f}ms graph={graph:.0%}")
+            items = self._window[phase]
+            kept, warm = steady[phase]
+            warm_total += warm
+            ms = sorted(it[_MS] for it in kept)
+            graph = sum(1 for it in items if it[_GRAPH]) / len(items)
+            part = (f"{phase} n={len(items)} p50={percentile(ms, .5):.2f}ms "
+                    f"p90={percentile(ms, .9):.2f}ms graph={graph:.0%}{_reasons(items)}")
+            parts.append(part + (f" warm-up={warm}" if warm else ""))
         try:
-            v = self.verdict()
+            v = self.verdict(steady)
         except Exception:  # the summary line must never cost the drain thread
             v = None
         if v is not None:
+            calls = "call" if warm_total == 1 else "calls"
+            parts.append(f"verdict from {VERDICT_STATISTIC}s, {warm_total} warm-up {calls} left out")
             parts.append(v.short())
         tail = f" | dropped={dropped}" if dropped else ""
         return f"sgl-probe summary [{who or 'pid'}]: " + " | ".join(parts) + tail
@@ -134,3 +149,14 @@ class Summary:
         self._window = {}
         self._accept = []
         return out
+
+
+def _reasons(items: list[tuple]) -> str:
+    """`` (graphs_disabled)``, or the shares when several reasons: why no graph ran."""
+    counts = collections.Counter(it[_REASON] for it in items if not it[_GRAPH] and it[_REASON])
+    if not counts:
+        return ""
+    if len(counts) == 1:
+        return f" ({next(iter(counts))})"
+    total = sum(counts.values())
+    return " (" + ", ".join(f"{r} {n / total:.0%}" for r, n in counts.most_common(3)) + ")"

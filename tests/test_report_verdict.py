@@ -12,7 +12,8 @@ import time
 import pytest
 
 from sgl_probe.cli import main
-from sgl_probe.report.verdict import evaluate
+from sgl_probe.resolved import ResolvedPhase
+from sgl_probe.stats import evaluate
 from sgl_probe.summary import Summary
 
 SEED_SHORT = "spec 0.69× vs graph decode (τ 2.0, break-even 2.9; verify had no graph in 100 % of steps)"
@@ -137,28 +138,47 @@ def test_seed_numbers_through_a_probe_trace(tmp_path, capsys):
 
 # -- the live verdict at the end of the summary line ----------------------------------------------
 
+_T0 = 1_790_000_000_000_000_000
+
+
+def phase(name: str, ms: float, graph: bool, accept: float | None = None, bs: int = 8,
+          reason: str | None = None) -> ResolvedPhase:
+    mode = {"verify": "TARGET_VERIFY", "extend": "EXTEND", "draft_extend": "DRAFT_EXTEND"}.get(name, "DECODE")
+    return ResolvedPhase(name, _T0, _T0 + round(ms * 1e6), graph, mode, bs, bs, 0.1, "test:" + name,
+                         accept_length=accept, no_graph_reason=reason)
+
+
 def test_summary_line_ends_with_the_live_verdict():
     s = Summary(30, {"tp_rank": 0, "dp_rank": 0, "pp_rank": 0})
-    s.add([("decode", 12.1, True)] * 5)
+    s.add([phase("decode", 12.1, True)] * 5)
     s._window = {}  # a new window: the decode time is remembered across windows
     for _ in range(10):
-        s.add([("draft", 4.0, True), ("verify", 29.0, False, 2.0), ("draft_extend", 2.0, True)])
+        s.add([phase("draft", 4.0, True), phase("verify", 29.0, False, 2.0, reason="graphs_disabled"),
+               phase("draft_extend", 2.0, True)])
     line = s.line()
     assert line.startswith("sgl-probe summary [tp_rank=0 dp_rank=0 pp_rank=0]: draft n=10 ")
-    assert line.endswith(" | " + SEED_SHORT)
+    assert " | verify n=10 p50=29.00ms p90=29.00ms graph=0% (graphs_disabled) | " in line
+    assert line.endswith(" | verdict from medians, 0 warm-up calls left out | " + SEED_SHORT)
 
 
 def test_summary_line_has_no_verdict_until_there_is_one():
     s = Summary(30, {"tp_rank": 0})
-    s.add([("draft", 4.0, True), ("verify", 29.0, False, 2.0)])
+    s.add([phase("draft", 4.0, True), phase("verify", 29.0, False, 2.0)])
     assert "spec " not in s.line()  # no decode time yet
     s = Summary(30, {"tp_rank": 0})
-    s.add([("decode", 12.1, True), ("verify", 29.0, False)])  # no accept length
+    s.add([phase("decode", 12.1, True), phase("verify", 29.0, False)])  # no accept length
     assert "spec " not in s.line()
     s = Summary(30, {"tp_rank": 0})
-    s.add([("decode", 12.1, True), ("extend", 40.0, False)])
+    s.add([phase("decode", 12.1, True), phase("extend", 40.0, False, reason="mode_not_captured")])
     assert s.line() == ("sgl-probe summary [tp_rank=0]: decode n=1 p50=12.10ms p90=12.10ms graph=100% | "
-                        "extend n=1 p50=40.00ms p90=40.00ms graph=0%")
+                        "extend n=1 p50=40.00ms p90=40.00ms graph=0% (mode_not_captured)")
+
+
+def test_summary_line_names_several_no_graph_reasons_by_share():
+    s = Summary(30, {"tp_rank": 0})
+    s.add([phase("verify", 29.0, False, 2.0, bs=64, reason="batch_too_large")] * 3
+          + [phase("verify", 29.0, False, 2.0, reason="runner_refused"), phase("verify", 12.0, True, 2.0)])
+    assert "verify n=5 p50=29.00ms p90=29.00ms graph=20% (batch_too_large 75%, runner_refused 25%)" in s.line()
 
 
 def test_live_verdict_in_the_server_log_through_the_probe(monkeypatch, caplog):
@@ -189,6 +209,6 @@ def test_live_verdict_in_the_server_log_through_the_probe(monkeypatch, caplog):
         probe.instrumentor.uninstrument()
         probe.pipeline.shutdown()
     assert lines, [r.getMessage() for r in caplog.records]
-    assert re.search(r"\| verify n=\d+ p50=[\d.]+ms p90=[\d.]+ms graph=0% \| draft_extend n=\d+ .* \| "
-                     r"spec \d+\.\d\d× vs graph decode \(τ 3\.0, break-even \d+\.\d; verify had no graph in "
+    assert re.search(r"\| verify n=\d+ p50=[\d.]+ms p90=[\d.]+ms graph=0%(?: \([a-z_]+\))? \| draft_extend n=\d+ .* \| "
+                     r"verdict from medians, \d+ warm-up calls? left out \| spec \d+\.\d\d× vs graph decode \(τ 3\.0, break-even \d+\.\d; verify had no graph in "
                      r"100 % of steps\)$", lines[0]), lines[0]

@@ -2,13 +2,17 @@
 a million spans holds a few numbers per span and never the spans themselves.
 
 What is kept:
-- phase durations per (phase, cuda_graph, batch-size bucket, rank), as ``array('d')``;
+- phase durations and step indices per shape (phase, cuda_graph, batch-size bucket, rank,
+  forward mode, batch size, token-count bucket), as ``array('d')`` / ``array('q')``; :meth:`finish`
+  finds each shape's first call, leaves it out as warm-up when :func:`sgl_probe.stats.is_warmup`
+  says so, and folds the rest into ``groups`` per (phase, cuda_graph, batch-size bucket, rank);
 - per rank, dense arrays indexed by step index (the probe's per-process step counter, the same on
   every TP rank): the step span's start / end / batch size, and per phase the summed duration of
   that phase's calls in that step. Step composition (spec cycle vs decode step), the overlap-clipped
-  step time and the same-step straggler view are computed from these in :meth:`finish`, so the
-  order spans arrive in does not matter and partial aggregators (one per file chunk, read in
-  parallel) merge exactly: :meth:`merge`;
+  step time and the same-step straggler view are computed from these in :meth:`finish` (warm-up
+  steps left out), so the order spans arrive in does not matter and partial aggregators (one per
+  file chunk, read in parallel) merge exactly: :meth:`merge`;
+- per phase, calls per start kind and per no-graph reason;
 - accept lengths, speculative settings, timers, versions, env snapshots.
 """
 
@@ -19,32 +23,22 @@ import math
 from array import array
 from typing import Any, Optional
 
-from sgl_probe.contract import FINGERPRINT_SPAN
+from sgl_probe.contract import (ENV_ATTR_PREFIX, ENV_DIFFERS, ENV_WITHHELD, FINGERPRINT_SPAN, LAUNCHER_ENV_PREFIX,
+                                PHASES, PROBE_VERSION, RUN_ID, SGLANG_VERSION, SNAPSHOT_POINT, SPEC_PREFIX,
+                                SPEC_SETTINGS)
+from sgl_probe.report.fields import TP, DP, PP, accept_length, num, phase_fields, step_fields
 from sgl_probe.report.model import ENV, PHASE_NAMES, STEP, Span
-from sgl_probe.report.stats import bucket
+from sgl_probe.stats import WARMUP_MIN_MS, bucket, is_warmup, median
 
 NAN = float("nan")
 #: A step index beyond this is not trusted for the dense per-step arrays.
 MAX_STEP_INDEX = 50_000_000
 NO_BS = -1
+#: Step index of a call that has none: after every real one, so never a shape's first call
+#: while one with an index exists.
+NO_IDX = MAX_STEP_INDEX + 1
 
 RankKey = tuple  # (run_id, dp, pp, tp, pid-when-no-tp)
-
-
-def _num(x: Any) -> Optional[float]:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
-
-
-def _int(x: Any) -> Optional[int]:
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float) and x.is_integer():
-        return int(x)
-    return None
 
 
 def _list(x: Any) -> list:
@@ -83,87 +77,6 @@ def _merge_dense(dst: array, src: array, absent, add: bool, lo: int = 0) -> None
             dst[i] = v
         elif add:
             dst[i] = d + v
-
-
-def _raw_value(v: Any, kind: str) -> Any:
-    """The value of an OTLP ``AnyValue`` dict expected to hold ``kind``; any other shape is
-    decoded generically."""
-    if not v:
-        return None
-    x = v.get(kind) if type(v) is dict else None
-    if x is None:
-        from sgl_probe.report.otlp import any_value
-
-        return any_value(v)
-    return x
-
-
-def _raw_int(v: Any) -> Optional[int]:
-    if not v:
-        return None
-    x = v.get("intValue") if type(v) is dict else None
-    if type(x) is str:
-        try:
-            return int(x)
-        except ValueError:
-            return None
-    return _int(_raw_value(v, "intValue"))
-
-
-def _ikey(v: Any) -> Any:
-    """A hashable stand-in for a raw rank value (only ever a cache key)."""
-    if not v or type(v) is not dict:
-        return None
-    x = v.get("intValue")
-    return x if type(x) is str else repr(v)
-
-
-def span_value(span: Span, key: str, kind: str) -> Any:
-    raw = span.raw
-    if raw is not None:
-        return _raw_value(raw.get(key), kind)
-    return span.attrs.get(key)
-
-
-def phase_fields(span: Span) -> tuple:
-    """(ms, graph, batch size, step index, timer, rank cache key) of a phase span. The raw path
-    is the hot loop of a big report: the usual shapes are read inline, anything else decoded."""
-    raw = span.raw
-    if raw is not None:
-        get = raw.get
-        v = get("sgl_probe.duration_ms")
-        ms = v.get("doubleValue") if type(v) is dict else None
-        if ms is None:
-            ms = _raw_value(v, "doubleValue")
-        v = get("sglang.cuda_graph")
-        graph = (v.get("boolValue") if type(v) is dict and "boolValue" in v else _raw_value(v, "boolValue")) is True
-        v = get("sgl_probe.timer")
-        timer = v.get("stringValue") if type(v) is dict and "stringValue" in v else _raw_value(v, "stringValue")
-        v = get("sglang.batch_size")
-        x = v.get("intValue") if type(v) is dict else None
-        bs = int(x) if type(x) is str and x.isdigit() else _raw_int(v)
-        v = get("sglang.step_index")
-        x = v.get("intValue") if type(v) is dict else None
-        idx = int(x) if type(x) is str and x.isdigit() else _raw_int(v)
-        key = (_ikey(get("sglang.tp_rank")), _ikey(get("sglang.dp_rank")), _ikey(get("sglang.pp_rank")))
-        return ms, graph, bs, idx, timer, key
-    a = span.attrs
-    return (a.get("sgl_probe.duration_ms"), a.get("sglang.cuda_graph") is True, _int(a.get("sglang.batch_size")),
-            _int(a.get("sglang.step_index")), a.get("sgl_probe.timer"),
-            (a.get("sglang.tp_rank"), a.get("sglang.dp_rank"), a.get("sglang.pp_rank")))
-
-
-def step_fields(span: Span) -> tuple:
-    """(batch size, step index, rank cache key) of a step span."""
-    raw = span.raw
-    if raw is not None:
-        get = raw.get
-        tp, dp, pp = get("sglang.tp_rank"), get("sglang.dp_rank"), get("sglang.pp_rank")
-        key = (_ikey(tp), _ikey(dp), _ikey(pp))
-        return _raw_int(get("sglang.batch_size")), _raw_int(get("sglang.step_index")), key
-    a = span.attrs
-    return (_int(a.get("sglang.batch_size")), _int(a.get("sglang.step_index")),
-            (a.get("sglang.tp_rank"), a.get("sglang.dp_rank"), a.get("sglang.pp_rank")))
 
 
 class RankSteps:
@@ -220,7 +133,10 @@ class Aggregator:
         self.n_phase_spans = 0
         self.unknown_names: collections.Counter = collections.Counter()
         self.errors: collections.Counter = collections.Counter()
-        self.groups: dict[tuple, array] = {}
+        # (phase, graph, bucket, rank, mode, batch size, token bucket) -> (ms, step index)
+        self.shapes: dict[tuple, tuple[array, array]] = {}
+        self.starts: dict[tuple, int] = {}  # (phase, start kind) -> calls
+        self.no_graph: dict[tuple, int] = {}  # (phase, reason or None) -> calls without a graph
         self.steps: dict[RankKey, RankSteps] = {}
         self.by_step: dict[tuple, array] = {}  # (rank, phase) -> ms by step index (NaN: none)
         self.step_traces: dict[tuple, dict[int, str]] = {}
@@ -234,9 +150,14 @@ class Aggregator:
         self.t_min: Optional[int] = None
         self.t_max: Optional[int] = None
         # Filled by finish():
+        self.groups: dict[tuple, array] = {}  # (phase, graph, bucket, rank) -> steady ms
+        self.warmup_groups: dict[tuple, array] = {}  # the same keys -> warm-up ms
+        self.warmup_steps: dict[RankKey, set] = {}  # step indices holding a warm-up call
+        self.warmup_step_ms = 0.0
         self.step_ms: dict[RankKey, array] = {}
-        self.spec_steps: dict[str, list] = {}  # bucket -> [n, draft, verify, draft_extend, other]
-        self.decode_steps: dict[tuple, list] = {}  # (graph, bucket) -> [n, decode, other]
+        # Per steady step, one value per array: bucket -> [draft, verify, draft_extend, other]
+        self.spec_steps: dict[str, list[array]] = {}
+        self.decode_steps: dict[tuple, list[array]] = {}  # (graph, bucket) -> [decode, other]
         self._labels: Optional[dict] = None
         self._finished = False
         self._interned: dict[RankKey, RankKey] = {}
@@ -247,9 +168,8 @@ class Aggregator:
     @staticmethod
     def rank_of(span: Span) -> RankKey:
         a, r = span.attrs, span.resource.attrs
-        tp = a.get("sglang.tp_rank", r.get("sglang.tp_rank"))
-        return (r.get("sgl_probe.run_id", ""), a.get("sglang.dp_rank", r.get("sglang.dp_rank")),
-                a.get("sglang.pp_rank", r.get("sglang.pp_rank")), tp,
+        tp = a.get(TP, r.get(TP))
+        return (r.get(RUN_ID, ""), a.get(DP, r.get(DP)), a.get(PP, r.get(PP)), tp,
                 r.get("process.pid") if tp is None else None)
 
     def _rank(self, span: Span, key: tuple) -> RankKey:
@@ -270,7 +190,7 @@ class Aggregator:
         if phase is None:
             self._add_other(span)
             return
-        ms, graph, bs, idx, timer, rkey = phase_fields(span)
+        ms, graph, bs, idx, timer, rkey, mode, ntok, start, reason = phase_fields(span)
         rank = self._rank(span, rkey)
         self.n_phase_spans += 1
         if span.error:
@@ -278,18 +198,31 @@ class Aggregator:
         if timer is not None:
             self.timers[timer] += 1
         if type(ms) is not float or ms != ms:
-            ms = _num(ms)
+            ms = num(ms)
             if ms is None:
                 ms = max(0, span.end_ns - span.start_ns) / 1e6
-        b = self._buckets.get(bs)
+        buckets = self._buckets
+        b = buckets.get(bs)
         if b is None:
-            b = self._buckets[bs] = bucket(bs)
-        key = (phase, graph, b, rank)
-        arr = self.groups.get(key)
-        if arr is None:
-            arr = self.groups[key] = array("d")
-        arr.append(ms)
-        if idx is not None and 0 <= idx <= MAX_STEP_INDEX:
+            b = buckets[bs] = bucket(bs)
+        tb = buckets.get(ntok)
+        if tb is None:
+            tb = buckets[ntok] = bucket(ntok)
+        key = (phase, graph, b, rank, mode, bs, tb)
+        pair = self.shapes.get(key)
+        if pair is None:
+            pair = self.shapes[key] = (array("d"), array("q"))
+        pair[0].append(ms)
+        if start is not None:
+            k = (phase, start)
+            self.starts[k] = self.starts.get(k, 0) + 1
+        if not graph:
+            k = (phase, reason)
+            self.no_graph[k] = self.no_graph.get(k, 0) + 1
+        if idx is None or not 0 <= idx <= MAX_STEP_INDEX:
+            pair[1].append(NO_IDX)
+        else:
+            pair[1].append(idx)
             per_rank = self._by_rank_phase.get(rank)
             if per_rank is None:
                 per_rank = self._by_rank_phase[rank] = {}
@@ -310,7 +243,7 @@ class Aggregator:
                     dg.extend(bytes(max(idx + 1 - len(dg), len(dg), 64)))
                 dg[idx] = 2 if graph else 1
         if phase == "verify":
-            acc_len = _num(span_value(span, "sglang.spec.accept_length", "doubleValue"))
+            acc_len = accept_length(span)
             if acc_len is not None:
                 a = self.accept.get(b)
                 if a is None:
@@ -323,8 +256,8 @@ class Aggregator:
             self._settings(span.attrs)
 
     def _settings(self, attrs: dict) -> None:
-        for k in ("algorithm", "num_steps", "topk", "num_draft_tokens"):
-            v = attrs.get("sglang.spec." + k)
+        for k in SPEC_SETTINGS:
+            v = attrs.get(SPEC_PREFIX + k)
             if v is not None:
                 self.spec_settings[k] = v
 
@@ -366,18 +299,18 @@ class Aggregator:
         if rank[0] not in self.runs:
             r = span.resource.attrs
             self.runs[rank[0]] = {"run_id": rank[0], "service": span.resource.service,
-                                  "sglang_version": r.get("sglang.version"),
-                                  "sgl_probe_version": r.get("sgl_probe.version")}
+                                  "sglang_version": r.get(SGLANG_VERSION),
+                                  "sgl_probe_version": r.get(PROBE_VERSION)}
 
     def _add_env(self, span: Span) -> None:
         a = span.attrs
         snap = {
-            "point": a.get("sgl_probe.snapshot_point"),
+            "point": a.get(SNAPSHOT_POINT),
             "time_ns": span.start_ns,
-            "vars": {k[4:]: v for k, v in a.items() if k.startswith("env.")},
-            "launcher": {k[13:]: v for k, v in a.items() if k.startswith("launcher_env.")},
-            "differs_from_launcher": _list(a.get("sgl_probe.env.differs_from_launcher")),
-            "withheld": _list(a.get("sgl_probe.env.withheld")),
+            "vars": {k[len(ENV_ATTR_PREFIX):]: v for k, v in a.items() if k.startswith(ENV_ATTR_PREFIX)},
+            "launcher": {k[len(LAUNCHER_ENV_PREFIX):]: v for k, v in a.items() if k.startswith(LAUNCHER_ENV_PREFIX)},
+            "differs_from_launcher": _list(a.get(ENV_DIFFERS)),
+            "withheld": _list(a.get(ENV_WITHHELD)),
         }
         for k in ("sgl_probe.dist_backend", "sgl_probe.snapshot_trigger"):
             if k in a:
@@ -394,12 +327,16 @@ class Aggregator:
         self.unknown_names.update(other.unknown_names)
         self.errors.update(other.errors)
         self.timers.update(other.timers)
-        for key, arr in other.groups.items():
-            mine = self.groups.get(key)
+        for key, (vals, idxs) in other.shapes.items():
+            mine = self.shapes.get(key)
             if mine is None:
-                self.groups[key] = arr
+                self.shapes[key] = (vals, idxs)
             else:
-                mine.extend(arr)
+                mine[0].extend(vals)
+                mine[1].extend(idxs)
+        for counts, theirs in ((self.starts, other.starts), (self.no_graph, other.no_graph)):
+            for key, n in theirs.items():
+                counts[key] = counts.get(key, 0) + n
         for key, arr in other.by_step.items():
             mine = self.by_step.get(key)
             if mine is None:
@@ -441,14 +378,19 @@ class Aggregator:
 
     # -- after the last span ----------------------------------------------------------------
     def finish(self) -> "Aggregator":
-        """Fold the per-step arrays into step times, spec cycles and decode steps."""
+        """Leave warm-up out, then fold the per-step arrays into step times, spec cycles and
+        decode steps."""
         if self._finished:
             return self
         self._finished = True
-        from sgl_probe.targets import PHASES
-
+        self._split_warmup()
         for rank, st in self.steps.items():
             phase_arrays = [(p, self.by_step[(rank, p)]) for p in PHASES if (rank, p) in self.by_step]
+            warm = self.warmup_steps.get(rank, ())
+            for idx in warm:  # the straggler view compares steady steps only, like everything else
+                for _p, arr in phase_arrays:
+                    if idx < len(arr):
+                        arr[idx] = NAN
             step_ms = self.step_ms[rank] = array("d")
             eff = array("d", [NAN]) * len(st.start)
             prev_end = None
@@ -464,6 +406,9 @@ class Aggregator:
                     start = min(prev_end, end)
                 prev_end = end
                 dur = max(0, end - start) / 1e6
+                if idx in warm:
+                    self.warmup_step_ms += dur
+                    continue
                 eff[idx] = dur
                 step_ms.append(dur)
                 phases = {}
@@ -479,24 +424,72 @@ class Aggregator:
                 if "verify" in phases:
                     s = self.spec_steps.get(b)
                     if s is None:
-                        s = self.spec_steps[b] = [0, 0.0, 0.0, 0.0, 0.0]
-                    s[0] += 1
-                    s[1] += phases.get("draft", 0.0)
-                    s[2] += phases["verify"]
-                    s[3] += phases.get("draft_extend", 0.0)
-                    s[4] += other
+                        s = self.spec_steps[b] = [array("d") for _ in range(4)]
+                    s[0].append(phases.get("draft", 0.0))
+                    s[1].append(phases["verify"])
+                    s[2].append(phases.get("draft_extend", 0.0))
+                    s[3].append(other)
                 elif len(phases) == 1 and "decode" in phases:
                     key = (idx < len(dgraph) and dgraph[idx] == 2, b)
                     d = self.decode_steps.get(key)
                     if d is None:
-                        d = self.decode_steps[key] = [0, 0.0, 0.0]
-                    d[0] += 1
-                    d[1] += phases["decode"]
-                    d[2] += other
+                        d = self.decode_steps[key] = [array("d"), array("d")]
+                    d[0].append(phases["decode"])
+                    d[1].append(other)
             self.by_step[(rank, "step")] = eff
         for run in self.runs.values():
             run["ranks"] = sum(1 for r in self.ranks if r[0] == run["run_id"])
         return self
+
+    def _split_warmup(self) -> None:
+        """Each shape's first call (lowest step index) is warm-up when :func:`is_warmup` says so
+        against the median of the shape's other calls (a shape called once: the other calls of
+        its phase and graph flag on that rank that are not a shape's first). Fills ``groups``
+        with the steady calls, ``warmup_groups`` and ``warmup_steps``."""
+        firsts = {}
+        for key, (vals, idxs) in self.shapes.items():
+            firsts[key] = idxs.index(min(idxs))
+        fallback: dict[tuple, list] = {}
+
+        def others_of(phase: str, graph: bool, rank: RankKey) -> list:
+            got = fallback.get((phase, graph, rank))
+            if got is None:
+                got = []
+                for k, (vals, _i) in self.shapes.items():
+                    if k[0] == phase and k[1] == graph and k[3] == rank:
+                        pos = firsts[k]
+                        got += vals[:pos]
+                        got += vals[pos + 1:]
+                fallback[(phase, graph, rank)] = got
+            return got
+
+        for key, (vals, idxs) in self.shapes.items():
+            gkey = key[:4]
+            steady = self.groups.get(gkey)
+            if steady is None:
+                steady = self.groups[gkey] = array("d")
+            pos = firsts[key]
+            first = vals[pos]
+            # is_warmup needs the call >= WARMUP_MIN_MS over a median >= 0: most shapes end here.
+            if first >= WARMUP_MIN_MS:
+                rest = vals[:pos] + vals[pos + 1:]
+                ref = median(rest) if rest else median(others_of(key[0], key[1], key[3]))
+                if is_warmup(first, ref if ref == ref else None):
+                    steady.extend(rest)
+                    self.warmup_groups.setdefault(gkey, array("d")).append(first)
+                    if idxs[pos] != NO_IDX:
+                        self.warmup_steps.setdefault(key[3], set()).add(idxs[pos])
+                    continue
+            steady.extend(vals)
+
+    def warmup(self) -> dict:
+        """What was left out as warm-up: calls, steps, time, per phase."""
+        by_phase: dict[str, int] = {}
+        for (phase, _g, _b, _r), arr in self.warmup_groups.items():
+            by_phase[phase] = by_phase.get(phase, 0) + len(arr)
+        return {"calls": sum(by_phase.values()), "steps": sum(len(v) for v in self.warmup_steps.values()),
+                "calls_ms": math.fsum(math.fsum(a) for a in self.warmup_groups.values()),
+                "steps_ms": self.warmup_step_ms, "by_phase": by_phase}
 
     # -- queries --------------------------------------------------------------------------------
     def values(self, phase: Optional[str] = None, graph: Optional[bool] = None,

@@ -6,11 +6,11 @@ import itertools
 import math
 from typing import Optional
 
+from sgl_probe.contract import PHASES
 from sgl_probe.report import speculative, stragglers
 from sgl_probe.report.aggregate import Aggregator
 from sgl_probe.report.model import Problems
-from sgl_probe.report.stats import bucket_order, describe
-from sgl_probe.targets import PHASES
+from sgl_probe.stats import WARMUP_RULE, bucket_order, describe
 
 SCHEMA = 1
 
@@ -32,13 +32,18 @@ def _phase_order(phase: str) -> int:
 
 def phase_rows(agg: Aggregator, by_rank: bool, by_bs: bool) -> list[dict]:
     merged: dict[tuple, list] = {}
-    for (phase, graph, b, rank), arr in agg.groups.items():
-        key = (phase, graph, rank if by_rank else None, b if by_bs else None)
-        merged.setdefault(key, []).append(arr)
+    warm: dict[tuple, list] = {}
+    for groups, into in ((agg.groups, merged), (agg.warmup_groups, warm)):
+        for (phase, graph, b, rank), arr in groups.items():
+            key = (phase, graph, rank if by_rank else None, b if by_bs else None)
+            into.setdefault(key, []).append(arr)
+            if into is warm:
+                merged.setdefault(key, [])
     total_all = agg.step_total_ms()
     rows = []
     for (phase, graph, rank, b), arrs in merged.items():
         d = describe(itertools.chain.from_iterable(arrs))
+        w = warm.get((phase, graph, rank, b), ())
         total = agg.step_total_ms(rank) if by_rank else total_all
         row = {"phase": phase, "cuda_graph": graph}
         if by_rank:
@@ -47,6 +52,8 @@ def phase_rows(agg: Aggregator, by_rank: bool, by_bs: bool) -> list[dict]:
         if by_bs:
             row["bs"] = b
         row.update(d)
+        row["warmup_calls"] = sum(len(a) for a in w)
+        row["warmup_ms"] = math.fsum(math.fsum(a) for a in w)
         row["share_of_step_time"] = d["sum_ms"] / total if total > 0 else None
         rows.append(row)
     rows.sort(key=lambda r: (_phase_order(r["phase"]), not r["cuda_graph"],
@@ -59,6 +66,7 @@ def phase_rows(agg: Aggregator, by_rank: bool, by_bs: bool) -> list[dict]:
         for group in peers.values():
             for r in group:
                 r["slowest"] = False
+            group = [r for r in group if r["count"]]
             if len(group) > 1:
                 top = max(group, key=lambda r: r["mean_ms"])
                 fastest = min(r["mean_ms"] for r in group)
@@ -108,6 +116,30 @@ def env_summary(agg: Aggregator) -> Optional[dict]:
 
 ALL = ("by_bs", "by_rank", "stragglers")
 
+NOT_RECORDED = "not recorded"
+
+
+def graph_usage(agg: Aggregator) -> list[dict]:
+    """Per phase: share of calls with a graph, why the others had none (share of the phase's
+    calls per ``sglang.no_graph_reason``), and which start the phase's times used (share per
+    ``sgl_probe.start``). Every call counts here, warm-up included: graph use is not timing."""
+    calls: dict[str, int] = {}
+    for groups in (agg.groups, agg.warmup_groups):
+        for (phase, _g, _b, _r), arr in groups.items():
+            calls[phase] = calls.get(phase, 0) + len(arr)
+    out = []
+    for phase in sorted(calls, key=_phase_order):
+        n = calls[phase]
+        if not n:
+            continue
+        reasons = {(r if r is not None else NOT_RECORDED): k / n for (p, r), k in agg.no_graph.items() if p == phase}
+        starts = {s: k / n for (p, s), k in agg.starts.items() if p == phase}
+        out.append({"phase": phase, "calls": n, "graph": 1.0 - sum(reasons.values()),
+                    "no_graph_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+                    "start": dict(sorted(starts.items(), key=lambda kv: -kv[1])),
+                    "recorded": bool(starts) or any(r != NOT_RECORDED for r in reasons)})
+    return out
+
 
 def rank_gap(agg: Aggregator) -> Optional[dict]:
     """The largest difference between ranks' mean phase times (cheap: no sorting), for the hint
@@ -149,11 +181,13 @@ def build(agg: Aggregator, problems: Problems, sources: list[str], baseline: Opt
         "ranks": [agg.label(r) for r in sorted(agg.ranks, key=agg.rank_sort_key)],
         "timers": dict(agg.timers),
         "time_range_s": ((agg.t_max - agg.t_min) / 1e9 if agg.t_min is not None and agg.t_max else None),
+        "warmup": {"rule": WARMUP_RULE, **agg.warmup()},
         "phases": phase_rows(agg, False, False),
         "phases_by_bs": phase_rows(agg, False, True) if "by_bs" in want else None,
         "phases_by_rank": phase_rows(agg, True, False) if "by_rank" in want else None,
         "steps": step_rows(agg, False),
         "steps_by_rank": step_rows(agg, True) if "by_rank" in want else None,
+        "graphs": graph_usage(agg),
         "speculative": speculative.analyse(agg, baseline),
         "stragglers": stragglers.analyse(agg) if "stragglers" in want else None,
         "rank_gap": rank_gap(agg) if len(agg.ranks) > 1 else None,

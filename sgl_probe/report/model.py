@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from sgl_probe import __version__
+from sgl_probe.contract import ENV_SPAN, PHASES, PROBE_VERSION, STEP_SPAN, phase_span
+from sgl_probe.report.anyvalue import any_value
 
 #: ``sgl_probe.version`` major.minor releases whose span contract (README "The span contract")
 #: this report reads. Spans from any other release are skipped with a message naming the file.
 KNOWN_CONTRACTS = ("0.1",)
 
-PHASE_NAMES = {"sglang." + p: p for p in ("decode", "extend", "draft", "verify", "draft_extend")}
-STEP = "sglang.step"
-ENV = "sgl_probe.env_snapshot"
+PHASE_NAMES = {phase_span(p): p for p in PHASES}
+STEP = STEP_SPAN
+ENV = ENV_SPAN
 
 
 class Resource:
@@ -60,8 +62,6 @@ class Span:
     @property
     def attrs(self) -> dict:
         if self._attrs is None:
-            from sgl_probe.report.otlp import any_value
-
             self._attrs = {k: any_value(v) if v else None for k, v in (self.raw or {}).items()}
         return self._attrs
 
@@ -75,7 +75,7 @@ class Span:
 
 def contract_problem(resource_attrs: dict, scope: str) -> Optional[str]:
     """Why spans of this resource cannot be read with this report's contract, or None."""
-    version = resource_attrs.get("sgl_probe.version")
+    version = resource_attrs.get(PROBE_VERSION)
     if version is None:
         if scope == "sgl_probe":
             return None  # stripped resource (e.g. a collector dropped it): the scope still says ours

@@ -9,85 +9,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from operator import itemgetter
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator
 
+from sgl_probe.report.anyvalue import attributes, raw_attributes
 from sgl_probe.report.model import Problems, Resource, Span, contract_problem
 
 _KINDS = {"SPAN_KIND_INTERNAL": "internal", "SPAN_KIND_SERVER": "server", "SPAN_KIND_CLIENT": "client",
           "SPAN_KIND_PRODUCER": "producer", "SPAN_KIND_CONSUMER": "consumer", 1: "internal",
           2: "server", 3: "client", 4: "producer", 5: "consumer"}
-
-
-def _array(v: dict) -> list:
-    return [any_value(x) for x in v.get("values", ())]
-
-
-def _kvlist(v: dict) -> dict:
-    return {kv.get("key"): any_value(kv.get("value") or {}) for kv in v.get("values", ())}
-
-
-_CONVERT = {
-    "stringValue": str,
-    "intValue": int,  # proto3 JSON writes int64 as a string
-    "doubleValue": float,  # a number, or "NaN"/"Infinity" strings
-    "boolValue": bool,
-    "arrayValue": _array,
-    "kvlistValue": _kvlist,
-    "bytesValue": str,
-}
-
-
-def any_value(v: Any) -> Any:
-    if not isinstance(v, dict):
-        return v  # not an AnyValue: keep what is there
-    for k, x in v.items():
-        conv = _CONVERT.get(k)
-        if conv is not None:
-            return conv(x)
-    return None
-
-
-_PASS = frozenset(("stringValue", "boolValue"))
-
-
-def _attributes_slow(kvs: Iterable[dict]) -> dict:
-    out = {}
-    for kv in kvs:
-        v = kv.get("value") if isinstance(kv, dict) else None
-        out[kv["key"]] = any_value(v) if v else None
-    return out
-
-
-def attributes(kvs: Optional[Iterable[dict]]) -> dict:
-    """OTLP ``KeyValue`` list -> dict. The fast path takes the shape every exporter writes (one
-    key per ``AnyValue``); anything else goes the careful way."""
-    out = {}
-    if kvs:
-        conv = _CONVERT
-        passthrough = _PASS
-        try:
-            for kv in kvs:
-                (k, x), = kv["value"].items()
-                out[kv["key"]] = x if k in passthrough else conv[k](x)
-        except (KeyError, ValueError, TypeError, AttributeError):
-            return _attributes_slow(kvs)
-    return out
-
-
-_KEY = itemgetter("key")
-_VALUE = itemgetter("value")
-
-
-def raw_attributes(kvs: Optional[list]) -> dict:
-    """OTLP ``KeyValue`` list -> {key: AnyValue dict}, built at C speed; values are decoded later,
-    and only those somebody reads."""
-    if not kvs:
-        return {}
-    try:
-        return dict(zip(map(_KEY, kvs), map(_VALUE, kvs)))
-    except (KeyError, TypeError):  # a KeyValue without a value (legal: an empty AnyValue)
-        return {kv["key"]: kv.get("value") or {} for kv in kvs}
 
 
 def hex_id(value: Any, nbytes: int) -> str:

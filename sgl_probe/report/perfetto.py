@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from typing import Callable, Iterable
 
-from sgl_probe.contract import FINGERPRINT_SPAN
+from sgl_probe.contract import CUDA_GRAPH, FINGERPRINT_SPAN, PHASES, SNAPSHOT_POINT
 from sgl_probe.report.model import ENV, PHASE_NAMES, STEP, Span
-from sgl_probe.targets import PHASES
 
 TRACKS = ("step", *PHASES, "other")
 
@@ -40,7 +39,7 @@ def events(spans: Iterable[Span], rank_of: Callable[[Span], tuple], label: Calla
         if s.name in (ENV, FINGERPRINT_SPAN):
             tid = 1
             what = "run fingerprint" if s.name == FINGERPRINT_SPAN else \
-                f"env snapshot: {s.attrs.get('sgl_probe.snapshot_point')}"
+                f"env snapshot: {s.attrs.get(SNAPSHOT_POINT)}"
             out.append({"ph": "i", "s": "p", "name": what,
                         "cat": "sgl_probe.env", "pid": pid, "tid": tid, "ts": ts, "args": _args(s)})
             used.add((pid, tid))
@@ -49,7 +48,7 @@ def events(spans: Iterable[Span], rank_of: Callable[[Span], tuple], label: Calla
             tid, name = 1, "step"
         elif phase is not None:
             tid = TRACKS.index(phase) + 1
-            name = f"{phase} · {'graph' if s.attrs.get('sglang.cuda_graph') is True else 'no graph'}"
+            name = f"{phase} · {'graph' if s.attrs.get(CUDA_GRAPH) is True else 'no graph'}"
         else:
             tid, name = len(TRACKS), s.name
         used.add((pid, tid))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from sgl_probe.contract import CUDA_GRAPH, PHASES, STEP_INDEX, phase_span
 from sgl_probe.report.aggregate import Aggregator
 from sgl_probe.report.keep import TraceKeeper
 from sgl_probe.report.model import PHASE_NAMES, STEP
-from sgl_probe.report.stats import percentile
-from sgl_probe.targets import PHASES
+from sgl_probe.stats import percentile
 
 COLORS = {"decode": "#4c72b0", "extend": "#55a868", "draft": "#8172b2", "verify": "#c44e52",
           "draft_extend": "#ccb974"}
@@ -42,10 +42,10 @@ def timeline_traces(keeper: TraceKeeper, n: int = TIMELINE_STEPS) -> list[list]:
     for spans in keeper.traces.values():
         steps = [s for s in spans if s.name == STEP]
         if steps:
-            idx = steps[0].attrs.get("sglang.step_index", 0)
+            idx = steps[0].attrs.get(STEP_INDEX, 0)
             items.append((idx if isinstance(idx, int) else 0, {s.name for s in spans}, spans))
     items.sort(key=lambda it: it[0])
-    for want in ("sglang.verify", "sglang.decode", None):
+    for want in (phase_span("verify"), phase_span("decode"), None):
         pos = [i for i, it in enumerate(items) if want is None or want in it[1]]
         if pos:
             start = pos[len(pos) // 2]
@@ -105,7 +105,7 @@ def write(path: str, agg: Aggregator, keeper: Optional[TraceKeeper], title: str 
             phase = PHASE_NAMES.get(s.name)
             if phase is None:
                 continue
-            graph = s.attrs.get("sglang.cuda_graph") is True
+            graph = s.attrs.get(CUDA_GRAPH) is True
             label = f"{phase}{'' if graph else ' (no graph)'}"
             ax.barh(y, w, left=x0, height=0.6, color=COLORS.get(phase, "#777777"),
                     hatch=None if graph else "//", edgecolor="white" if graph else "black", linewidth=0.3,
@@ -113,7 +113,7 @@ def write(path: str, agg: Aggregator, keeper: Optional[TraceKeeper], title: str 
             seen.add(label)
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([agg.label(r) for r in ranks])
-        idxs = sorted({s.attrs.get("sglang.step_index") for s in spans if s.name == STEP} - {None})
+        idxs = sorted({s.attrs.get(STEP_INDEX) for s in spans if s.name == STEP} - {None})
         ax.set_title(f"timeline: steps {idxs[0]}-{idxs[-1]}" if idxs else "timeline")
         ax.set_xlabel("ms since the first shown step began on that rank")
         ax.invert_yaxis()

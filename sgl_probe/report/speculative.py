@@ -1,47 +1,47 @@
 """Verdict inputs from aggregates: the spec cycle (per step: draft + verify + draft_extend + the
 rest of the step), the decode step it competes with (graph decode preferred; from ``--baseline``
 or this run's own decode steps), matched by batch-size bucket, and the graph-verify what-if.
-The math itself is :func:`sgl_probe.report.verdict.evaluate`."""
+
+Every per-phase time is the median over steady steps (warm-up left out by the aggregation,
+:data:`sgl_probe.stats.VERDICT_STATISTIC`); batch-size buckets are weighted by their step counts.
+The math itself is :func:`sgl_probe.stats.evaluate`."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
-from sgl_probe.report import verdict as verdict_mod
 from sgl_probe.report.aggregate import Aggregator
-from sgl_probe.report.stats import bucket_order
+from sgl_probe.stats import VERDICT_STATISTIC, bucket_order, evaluate, median
 
 NO_BASELINE = ("no decode time to compare with: give --baseline SOURCE (the same server and load "
                "without speculative decoding)")
+SPEC_PARTS = ("draft_ms", "verify_ms", "draft_extend_ms", "other_ms")
 
 
-def _mean(xs) -> float:
-    xs = list(xs)
-    return math.fsum(xs) / len(xs) if xs else float("nan")
+def _median_or(values, default: Optional[float]) -> Optional[float]:
+    return median(values) if len(values) else default
 
 
 def decode_reference(agg: Aggregator) -> Optional[dict]:
     """Per-step decode time, graph decode when there is any. ``decode_ms`` is the forward,
     ``other_ms`` the rest of its scheduler step (0 when the source has no step spans)."""
     for graph in (True, False):
-        rows = {b: v for (g, b), v in agg.decode_steps.items() if g == graph and v[0]}
+        rows = {b: v for (g, b), v in agg.decode_steps.items() if g == graph and len(v[0])}
         if rows:
-            n = sum(v[0] for v in rows.values())
-            return {"graph": graph, "from_steps": True, "n": n,
-                    "decode_ms": sum(v[1] for v in rows.values()) / n,
-                    "other_ms": sum(v[2] for v in rows.values()) / n,
-                    "buckets": {b: {"n": v[0], "decode_ms": v[1] / v[0], "other_ms": v[2] / v[0]}
+            return {"graph": graph, "from_steps": True, "n": sum(len(v[0]) for v in rows.values()),
+                    "decode_ms": median(x for v in rows.values() for x in v[0]),
+                    "other_ms": median(x for v in rows.values() for x in v[1]),
+                    "buckets": {b: {"n": len(v[0]), "decode_ms": median(v[0]), "other_ms": median(v[1])}
                                 for b, v in rows.items()}}
-        buckets = {}
+        buckets: dict = {}
         for (p, g, b, _r), arr in agg.groups.items():
             if p == "decode" and g == graph:
                 buckets.setdefault(b, []).extend(arr)
+        buckets = {b: v for b, v in buckets.items() if v}
         if buckets:
-            n = sum(len(v) for v in buckets.values())
-            return {"graph": graph, "from_steps": False, "n": n,
-                    "decode_ms": math.fsum(math.fsum(v) for v in buckets.values()) / n, "other_ms": 0.0,
-                    "buckets": {b: {"n": len(v), "decode_ms": _mean(v), "other_ms": 0.0}
+            return {"graph": graph, "from_steps": False, "n": sum(len(v) for v in buckets.values()),
+                    "decode_ms": median(x for v in buckets.values() for x in v), "other_ms": 0.0,
+                    "buckets": {b: {"n": len(v), "decode_ms": median(v), "other_ms": 0.0}
                                 for b, v in buckets.items()}}
     return None
 
@@ -53,24 +53,26 @@ def spec_cycle(agg: Aggregator) -> Optional[dict]:
     if not n_verify:
         return None
     out: dict = {"n_verify": n_verify, "verify_no_graph": len(verify_eager) / n_verify,
-                 "verify_graph_ms": _mean(verify_graph) if len(verify_graph) else None,
-                 "n_verify_graph": len(verify_graph), "settings": dict(agg.spec_settings)}
+                 "verify_graph_ms": _median_or(verify_graph, None),
+                 "n_verify_graph": len(verify_graph), "settings": dict(agg.spec_settings),
+                 "statistic": VERDICT_STATISTIC}
     buckets = {}
     if agg.spec_steps:
         out["from_steps"] = True
-        for b, (n, draft, ver, dext, other) in agg.spec_steps.items():
-            buckets[b] = {"n": n, "draft_ms": draft / n, "verify_ms": ver / n,
-                          "draft_extend_ms": dext / n, "other_ms": other / n}
+        for b, arrays in agg.spec_steps.items():
+            buckets[b] = {"n": len(arrays[0]), **{k: median(a) for k, a in zip(SPEC_PARTS, arrays)}}
     else:  # no step spans (e.g. a Jaeger export without them): one call of each phase per cycle
         out["from_steps"] = False
-        for b in {k[2] for k in agg.groups if k[0] == "verify"}:
+        for b in {k[2] for k, arr in agg.groups.items() if k[0] == "verify" and len(arr)}:
             ver = agg.values("verify", bkt=b)
-            buckets[b] = {"n": len(ver), "verify_ms": _mean(ver),
-                          "draft_ms": _mean(agg.values("draft", bkt=b)) if len(agg.values("draft", bkt=b)) else 0.0,
-                          "draft_extend_ms": _mean(agg.values("draft_extend", bkt=b))
-                          if len(agg.values("draft_extend", bkt=b)) else 0.0, "other_ms": 0.0}
+            buckets[b] = {"n": len(ver), "verify_ms": median(ver),
+                          "draft_ms": _median_or(agg.values("draft", bkt=b), 0.0),
+                          "draft_extend_ms": _median_or(agg.values("draft_extend", bkt=b), 0.0),
+                          "other_ms": 0.0}
     n = sum(v["n"] for v in buckets.values())
-    for key in ("draft_ms", "verify_ms", "draft_extend_ms", "other_ms"):
+    if not n:  # every verify was warm-up
+        return None
+    for key in SPEC_PARTS:
         out[key] = sum(v[key] * v["n"] for v in buckets.values()) / n
     out["n_steps"] = n
     out["buckets"] = buckets
@@ -89,7 +91,7 @@ def _decode_for(ref: dict, b: str) -> tuple[float, float]:
 
 
 def _evaluate(tau, cyc: dict, decode_ms: float, decode_other: float, ref: dict, graph_ms, source):
-    return verdict_mod.evaluate(
+    return evaluate(
         tau, decode_ms + decode_other, cyc["verify_ms"], cyc["draft_ms"], cyc["draft_extend_ms"],
         cyc["other_ms"], decode_graph=ref["graph"], verify_no_graph=cyc.get("verify_no_graph"),
         verify_graph_ms=graph_ms, verify_graph_source=source)

@@ -9,9 +9,9 @@ import math
 from array import array
 from collections import defaultdict
 
+from sgl_probe.contract import PHASES
 from sgl_probe.report.aggregate import Aggregator
-from sgl_probe.report.stats import percentile
-from sgl_probe.targets import PHASES
+from sgl_probe.stats import percentile
 
 WORST_STEPS = 3
 NAN = float("nan")

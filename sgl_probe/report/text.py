@@ -36,8 +36,11 @@ def table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[st
 
 
 def phase_table(rows: list[dict], steps: list[dict], by_rank: bool, by_bs: bool) -> list[str]:
+    """Steady calls only; a ``warm-up`` column counts the calls left out, when there are any."""
+    warm = any(r.get("warmup_calls") for r in rows)
     headers = ["phase", "graph"] + (["rank"] if by_rank else []) + (["bs"] if by_bs else []) + \
-              ["count", "mean ms", "p50", "p90", "p99", "step share"] + ([""] if by_rank else [])
+              ["count", "mean ms", "p50", "p90", "p99", "step share"] + (["warm-up"] if warm else []) + \
+              ([""] if by_rank else [])
     body = []
     for r in rows:
         line = [r["phase"], "yes" if r["cuda_graph"] else "no"]
@@ -47,16 +50,48 @@ def phase_table(rows: list[dict], steps: list[dict], by_rank: bool, by_bs: bool)
             line.append(r["bs"])
         line += [f"{r['count']:,}", _ms(r["mean_ms"]), _ms(r["p50_ms"]), _ms(r["p90_ms"]),
                  _ms(r["p99_ms"]), _pct(r["share_of_step_time"])]
+        if warm:
+            line.append(f"{r['warmup_calls']:,}" if r.get("warmup_calls") else "")
         if by_rank:
             line.append(f"<< slowest +{100 * r['slower_than_fastest']:.0f} %" if r.get("slowest") else "")
         body.append(line)
     for s in steps:
         line = ["(step)", ""] + ([s["rank"]] if by_rank else []) + ([""] if by_bs else [])
         line += [f"{s['count']:,}", _ms(s["mean_ms"]), _ms(s["p50_ms"]), _ms(s["p90_ms"]),
-                 _ms(s["p99_ms"]), ""] + ([""] if by_rank else [])
+                 _ms(s["p99_ms"]), ""] + ([""] if warm else []) + ([""] if by_rank else [])
         body.append(line)
     first_num = 2 + by_rank + by_bs
-    return table(headers, body, set(range(first_num, first_num + 6)))
+    return table(headers, body, set(range(first_num, first_num + 6 + warm)))
+
+
+def warmup_line(w: dict) -> str:
+    """What the tables and the verdict left out, and by which rule: always said."""
+    if not w["calls"]:
+        return f"  warm-up left out: none ({w['rule']})"
+    phases = ", ".join(f"{p} {n:,}" for p, n in sorted(w["by_phase"].items(), key=lambda kv: -kv[1]))
+    return (f"  warm-up left out: {w['calls']:,} calls ({phases}; {_ms(w['calls_ms'])} ms) in "
+            f"{w['steps']:,} steps; rule: {w['rule']}")
+
+
+def graph_section(rows: list[dict]) -> list[str]:
+    """Why phases ran without a CUDA graph, and which start their times used."""
+    if not any(r["recorded"] for r in rows):
+        return []  # spans from a probe that records neither: nothing to say
+    out = []
+    for r in rows:
+        bits = []
+        if r["no_graph_reasons"]:
+            bits.append(f"no graph in {_pct(1.0 - r['graph'])} of calls: " +
+                        ", ".join(f"{k} {_pct(v)}" for k, v in r["no_graph_reasons"].items()))
+        if r["start"]:
+            bits.append("start " + ", ".join(f"{k} {_pct(v)}" for k, v in r["start"].items()))
+        if bits:
+            out.append(f"  {r['phase'] + ':':<13} " + "; ".join(bits))
+    if not out:
+        return []
+    head = ["CUDA graphs (share of each phase's calls; host_clock start: the GPU was idle at the call, "
+            "so the time includes the launch latency):"]
+    return head + out
 
 
 def header(doc: dict) -> list[str]:
@@ -77,6 +112,8 @@ def header(doc: dict) -> list[str]:
         out.append(f"  {label}{run['run_id'] or '?'}: service {run['service']}, SGLang "
                    f"{run['sglang_version'] or '?'}, sgl-probe {run['sgl_probe_version'] or '?'}, "
                    f"{run['ranks']} rank(s)")
+    if doc.get("warmup") is not None:
+        out.append(warmup_line(doc["warmup"]))
     if inp["error_spans"]:
         out.append("  spans with status ERROR: " + ", ".join(f"{k} {v}" for k, v in sorted(inp["error_spans"].items())))
     return out
@@ -92,6 +129,8 @@ def spec_section(spec: dict) -> list[str]:
     out = [f"Speculative decoding{' (' + ', '.join(bits) + ')' if bits else ''}: "
            f"{cyc['n_steps']:,} spec steps, {cyc['n_verify']:,} verify spans"]
     tau = f"τ {cyc['tau']:.2f}" if cyc["tau"] is not None else "τ unknown"
+    out.append(f"  per-phase times: {cyc.get('statistic', 'mean')}s over steady steps (warm-up left out), "
+               f"batch sizes weighted by their step counts; τ the mean accept length")
     out.append(f"  cycle {_ms(cyc['draft_ms'] + cyc['verify_ms'] + cyc['draft_extend_ms'] + cyc['other_ms'])} ms"
                f" = draft {_ms(cyc['draft_ms'])} + verify {_ms(cyc['verify_ms'])} + draft_extend "
                f"{_ms(cyc['draft_extend_ms'])} + other {_ms(cyc['other_ms'])}; {tau}; verify without a "
@@ -162,6 +201,10 @@ def render(doc: dict, by_rank: bool = False, by_bs: bool = False) -> str:
     else:
         rows = doc["phases_by_rank"] if by_rank else doc["phases_by_bs"] if by_bs else doc["phases"]
     out += phase_table(rows, doc["steps_by_rank"] if by_rank else doc["steps"], by_rank, by_bs)
+    graphs = graph_section(doc.get("graphs") or [])
+    if graphs:
+        out.append("")
+        out += graphs
     if doc["speculative"] is not None:
         out.append("")
         out += spec_section(doc["speculative"])

@@ -172,3 +172,73 @@ def test_report_scale_benchmark_at_20k_spans(tmp_path):
     assert doc["input"]["spans"] == n and doc["problems"] == []
     assert [s["slowest_rank"] for s in doc["stragglers"] if s["phase"] == "verify"] == ["tp3"]
     assert doc["speculative"]["cycle"]["verify_no_graph"] == pytest.approx(0.97, abs=0.03)
+
+
+# -- attributes: new keys, why no graph ran, which start a phase used -------------------------------
+
+NEW_VALUES = [
+    {"stringValue": "x"}, {"intValue": "7"}, {"doubleValue": "NaN"}, {"boolValue": True},
+    {"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "a"}, {"intValue": "not a number"}]}},
+    {"kvlistValue": {"values": [{"key": "k", "value": {"doubleValue": 1.5}}, {"key": "empty"}]}},
+    {"bytesValue": "AAE="}, {"fancyValueFromAFutureOtlp": {"a": 1}}, {}, {"intValue": "12abc"},
+]
+
+
+def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
+    """Spans carrying keys this report has never seen (every OTLP value kind, an unknown kind,
+    malformed values) read exactly as without them; ``sglang.no_graph_reason`` and
+    ``sgl_probe.start`` are shown per phase, also after a round trip through Jaeger JSON."""
+    from sgl_probe.contract import NO_GRAPH_REASON, START
+
+    files = copy_dir(spec_dir, tmp_path / "n")
+    host_clock = 0
+    for f in files:
+        out_lines = []
+        for line in f.read_text().splitlines():
+            msg = json.loads(line)
+            for rs in msg["resourceSpans"]:
+                rs["resource"]["attributes"].append({"key": "host.future_thing", "value": NEW_VALUES[4]})
+                for ss in rs["scopeSpans"]:
+                    for sp in ss["spans"]:
+                        attrs = sp["attributes"]
+                        attrs += [{"key": f"future.key{i}", "value": v} for i, v in enumerate(NEW_VALUES)]
+                        if sp["name"] in ("sglang.step", "sgl_probe.env_snapshot"):
+                            continue
+                        graph = next(a["value"]["boolValue"] for a in attrs if a["key"] == "sglang.cuda_graph")
+                        start = "host_clock" if sp["name"] == "sglang.decode" else "gpu_event"
+                        host_clock += start == "host_clock"
+                        attrs.append({"key": START, "value": {"stringValue": start}})
+                        if not graph:
+                            reason = "graphs_disabled" if sp["name"] == "sglang.verify" else "mode_not_captured"
+                            attrs.append({"key": NO_GRAPH_REASON, "value": {"stringValue": reason}})
+            out_lines.append(json.dumps(msg))
+        f.write_text("\n".join(out_lines) + "\n")
+    capsys.readouterr()
+    assert main(["report", spec_dir, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["report", str(tmp_path / "n"), "--json", "--jaeger-json", str(tmp_path / "n.jaeger.json"),
+                 "--max-traces", "0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["problems"] == [] and doc["input"] == plain["input"]
+    assert doc["phases"] == plain["phases"] and doc["steps"] == plain["steps"]
+    assert doc["speculative"]["verdict"] == plain["speculative"]["verdict"]
+    graphs = {g["phase"]: g for g in doc["graphs"]}
+    assert graphs["verify"]["graph"] == 0.0 and graphs["verify"]["no_graph_reasons"] == {"graphs_disabled": 1.0}
+    assert graphs["extend"]["no_graph_reasons"] == {"mode_not_captured": 1.0}
+    assert graphs["draft"]["graph"] == 1.0 and graphs["draft"]["no_graph_reasons"] == {}
+    assert graphs["decode"]["start"] == {"host_clock": 1.0} and graphs["verify"]["start"] == {"gpu_event": 1.0}
+    assert host_clock == graphs["decode"]["calls"] == 12
+    # Spans from a probe that records neither attribute: the reason is "not recorded".
+    old = {g["phase"]: g for g in plain["graphs"]}
+    assert old["verify"]["no_graph_reasons"] == {"not recorded": 1.0} and old["verify"]["start"] == {}
+
+    rc, out, err = report(capsys, str(tmp_path / "n"))
+    assert rc == 0 and err == ""
+    assert "  verify:       no graph in 100.0 % of calls: graphs_disabled 100.0 %; start gpu_event 100.0 %" in out
+    assert "  decode:       start host_clock 100.0 %" in out
+    rc, out, _ = report(capsys, spec_dir)
+    assert "CUDA graphs" not in out  # nothing recorded: no section
+
+    via = json.loads(report(capsys, str(tmp_path / "n.jaeger.json"), "--json")[1])
+    assert via["problems"] == [] and via["graphs"] == doc["graphs"]
+    assert [r["count"] for r in via["phases"]] == [r["count"] for r in doc["phases"]]

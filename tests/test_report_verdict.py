@@ -82,9 +82,10 @@ class _Timer:
         return host_ns
 
 
-def write_trace(path: str, steps: list[list[tuple]], tp_rank: int = 0) -> None:
+def write_trace(path: str, steps: list[list[tuple]], tp_rank: int = 0, sizes: list[int] | None = None) -> None:
     """Steps of (phase, mode, ms, graph, accept_length) with no gaps: the step lasts exactly as
-    long as its phases (no "other" time), so the report must reproduce the seed numbers."""
+    long as its phases (no "other" time), so the report must reproduce the seed numbers.
+    ``sizes``: each step's batch size (default 8)."""
     from sgl_probe import spans as spans_mod
     from sgl_probe.export import JsonLinesExporter, make_resource
     from sgl_probe.readers import Facts
@@ -97,9 +98,10 @@ def write_trace(path: str, steps: list[list[tuple]], tp_rank: int = 0) -> None:
     now = 1_790_000_000_000_000_000
     out = []
     for i, phases in enumerate(steps, 1):
-        st = StepRecord(i, Facts("step", phases[0][1], 8, 8), now)
+        bs = sizes[i - 1] if sizes else 8
+        st = StepRecord(i, Facts("step", phases[0][1], bs, bs), now)
         for phase, mode, ms, graph, accept in phases:
-            ph = PhaseRecord(Facts(phase, mode, 8, 8), "seed:" + phase, now, now)
+            ph = PhaseRecord(Facts(phase, mode, bs, bs), "seed:" + phase, now, now)
             ph.t_end = now + round(ms * 1e6)
             ph.host1 = ph.t_end
             ph.graph, ph.accept_length = graph, accept
@@ -112,13 +114,15 @@ def write_trace(path: str, steps: list[list[tuple]], tp_rank: int = 0) -> None:
         exporter.export(out[k:k + 512])
 
 
+def cycle(accept: float, draft: float = 4.0, verify: float = 29.0, draft_extend: float = 2.0) -> list[tuple]:
+    return [("draft", "DECODE", draft, True, None), ("verify", "TARGET_VERIFY", verify, False, accept),
+            ("draft_extend", "DRAFT_EXTEND", draft_extend, True, None)]
+
+
 def test_seed_numbers_through_a_probe_trace(tmp_path, capsys):
     spec_dir, base_dir = tmp_path / "eagle3", tmp_path / "baseline"
     spec_dir.mkdir()
     base_dir.mkdir()
-    def cycle(accept: float) -> list[tuple]:
-        return [("draft", "DECODE", 4.0, True, None), ("verify", "TARGET_VERIFY", 29.0, False, accept),
-                ("draft_extend", "DRAFT_EXTEND", 2.0, True, None)]
 
     write_trace(str(spec_dir / "sgl-probe-1.jsonl"), [cycle(a) for a in (1.75, 2.25) * 20])
     write_trace(str(base_dir / "sgl-probe-2.jsonl"), [[("decode", "DECODE", 12.1, True, None)]] * 40)
@@ -134,6 +138,67 @@ def test_seed_numbers_through_a_probe_trace(tmp_path, capsys):
     assert ("=> Speculative decoding loses: 0.69× graph decode (τ 2.00 < break-even 2.89). Verify ran without "
             "a CUDA graph in 100 % of steps; at graph speed (12.1 ms, taken as one graph decode forward) it "
             "would win by 1.34×.") in out
+
+
+def test_warmup_does_not_decide_the_verdict(tmp_path, capsys):
+    """The shape of a real GPU run: the first call of every shape pays for JIT compilation and
+    autotuning (0.1-14 s), then the steady state is the seed case. The verdict must be the steady
+    state's; from plain means it would be decided by those few calls (break-even 5.16, not 2.89)."""
+    spec_dir, base_dir = tmp_path / "eagle3", tmp_path / "baseline"
+    spec_dir.mkdir()
+    base_dir.mkdir()
+    sizes = [8, 4] + [8, 4] * 30
+    spec = [cycle(2.0, 5000.0, 14000.0, 800.0), cycle(2.0, 300.0, 2500.0, 150.0)]
+    spec += [cycle(a) for a in (1.75, 2.25) * 30]
+    spec[20] = cycle(1.75, verify=600.0)  # a stall in the steady state: not a first call, kept
+    write_trace(str(spec_dir / "sgl-probe-1.jsonl"), spec, sizes=sizes)
+    base = [[("decode", "DECODE", ms, True, None)] for ms in (3000.0, 1200.0)] + \
+        [[("decode", "DECODE", 12.1, True, None)]] * 60
+    write_trace(str(base_dir / "sgl-probe-2.jsonl"), base, sizes=sizes)
+
+    # What plain means over every call would say (read from the trace files, not by the report):
+    calls: dict = {}
+    for d in (spec_dir, base_dir):
+        for line in next(d.iterdir()).read_text().splitlines():
+            for sp in json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+                attrs = {a["key"]: next(iter(a["value"].values())) for a in sp["attributes"]}
+                calls.setdefault(sp["name"], []).append(attrs["sgl_probe.duration_ms"])
+    mean = {k[7:]: sum(v) / len(v) for k, v in calls.items()}
+    plain = evaluate(2.0, mean["decode"], mean["verify"], mean["draft"], mean["draft_extend"])
+    assert plain.break_even == pytest.approx(5.16, abs=0.01) and plain.short() != SEED_SHORT
+
+    capsys.readouterr()
+    assert main(["report", str(spec_dir), "--baseline", str(base_dir), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    v = doc["speculative"]["verdict"]
+    assert v["short"] == SEED_SHORT and v["break_even"] == pytest.approx(2.8926, abs=1e-4)
+    assert doc["speculative"]["cycle"]["statistic"] == "median"
+    assert doc["speculative"]["decode"]["n"] == 60 and doc["speculative"]["decode"]["warmup_calls"] == 2
+    w = doc["warmup"]
+    assert (w["calls"], w["steps"]) == (6, 2) and w["by_phase"] == {"draft": 2, "verify": 2, "draft_extend": 2}
+    assert w["calls_ms"] == pytest.approx(5000 + 14000 + 800 + 300 + 2500 + 150)
+    rows = {r["phase"]: r for r in doc["phases"]}
+    assert rows["verify"]["count"] == 60 and rows["verify"]["warmup_calls"] == 2
+    assert rows["verify"]["max_ms"] == 600.0 and rows["verify"]["p50_ms"] == 29.0  # the stall stays
+    assert doc["steps"][0]["count"] == 60 and doc["steps"][0]["max_ms"] == pytest.approx(606.0)
+
+    assert main(["report", str(spec_dir), "--baseline", str(base_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "  warm-up left out: 6 calls (draft 2, verify 2, draft_extend 2; 22,750 ms) in 2 steps; rule: " in out
+    assert "per-phase times: medians over steady steps (warm-up left out)" in out
+    assert "(graph, 60 steps from --baseline, 2 warm-up calls left out, matched" in out
+    assert "=> Speculative decoding loses: 0.69× graph decode (τ 2.00 < break-even 2.89)." in out
+    verify_row = next(line.split() for line in out.splitlines() if line.startswith("verify "))
+    assert verify_row[2] == "60" and verify_row[-1] == "2"  # count, warm-up
+
+
+def test_warmup_rule():
+    from sgl_probe.stats import is_warmup
+
+    assert is_warmup(14000.0, 29.0) and is_warmup(130.0, 29.0)
+    assert not is_warmup(80.0, 20.0)  # 4x, but under 100 ms more: scheduler jitter, not warm-up
+    assert not is_warmup(250.0, 100.0)  # 150 ms more, but only 2.5x: a slow call, not warm-up
+    assert not is_warmup(5000.0, None) and not is_warmup(5000.0, float("nan"))  # nothing to compare
 
 
 # -- the live verdict at the end of the summary line ----------------------------------------------
@@ -179,6 +244,21 @@ def test_summary_line_names_several_no_graph_reasons_by_share():
     s.add([phase("verify", 29.0, False, 2.0, bs=64, reason="batch_too_large")] * 3
           + [phase("verify", 29.0, False, 2.0, reason="runner_refused"), phase("verify", 12.0, True, 2.0)])
     assert "verify n=5 p50=29.00ms p90=29.00ms graph=20% (batch_too_large 75%, runner_refused 25%)" in s.line()
+
+
+def test_summary_line_leaves_warmup_out_of_times_and_verdict():
+    """Warm-up-shaped steps in one window: the first call of each shape huge, then the seed case.
+    The line's times and verdict are the steady state's, and it says what was left out."""
+    s = Summary(30, {"tp_rank": 0})
+    s.add([phase("decode", 3000.0, True)])
+    s.add([phase("decode", 12.1, True)] * 5)
+    s.add([phase("draft", 5000.0, True), phase("verify", 14000.0, False, 2.0), phase("draft_extend", 800.0, True)])
+    for _ in range(10):
+        s.add([phase("draft", 4.0, True), phase("verify", 29.0, False, 2.0), phase("draft_extend", 2.0, True)])
+    line = s.line()
+    assert ": decode n=6 p50=12.10ms p90=12.10ms graph=100% warm-up=1 |" in line
+    assert "| verify n=11 p50=29.00ms p90=29.00ms graph=0% warm-up=1 |" in line
+    assert line.endswith(" | verdict from medians, 4 warm-up calls left out | " + SEED_SHORT)
 
 
 def test_live_verdict_in_the_server_log_through_the_probe(monkeypatch, caplog):

@@ -26,9 +26,11 @@ def decode_reference(agg: Aggregator) -> Optional[dict]:
     """Per-step decode time, graph decode when there is any. ``decode_ms`` is the forward,
     ``other_ms`` the rest of its scheduler step (0 when the source has no step spans)."""
     for graph in (True, False):
+        warm = sum(len(a) for (p, g, _b, _r), a in agg.warmup_groups.items() if p == "decode" and g == graph)
         rows = {b: v for (g, b), v in agg.decode_steps.items() if g == graph and len(v[0])}
         if rows:
             return {"graph": graph, "from_steps": True, "n": sum(len(v[0]) for v in rows.values()),
+                    "warmup_calls": warm,
                     "decode_ms": median(x for v in rows.values() for x in v[0]),
                     "other_ms": median(x for v in rows.values() for x in v[1]),
                     "buckets": {b: {"n": len(v[0]), "decode_ms": median(v[0]), "other_ms": median(v[1])}
@@ -40,6 +42,7 @@ def decode_reference(agg: Aggregator) -> Optional[dict]:
         buckets = {b: v for b, v in buckets.items() if v}
         if buckets:
             return {"graph": graph, "from_steps": False, "n": sum(len(v) for v in buckets.values()),
+                    "warmup_calls": warm,
                     "decode_ms": median(x for v in buckets.values() for x in v), "other_ms": 0.0,
                     "buckets": {b: {"n": len(v), "decode_ms": median(v), "other_ms": 0.0}
                                 for b, v in buckets.items()}}

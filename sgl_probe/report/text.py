@@ -138,10 +138,11 @@ def spec_section(spec: dict) -> list[str]:
     dec = spec.get("decode")
     if dec is not None and spec.get("decode_matched_ms") is not None:
         kind = "graph" if dec["graph"] else "eager (no graph decode seen)"
+        warm = f", {dec['warmup_calls']:,} warm-up calls left out" if dec.get("warmup_calls") else ""
         out.append(f"  decode step {_ms(spec['decode_matched_ms'] + spec['decode_matched_other_ms'])} ms = "
                    f"forward {_ms(spec['decode_matched_ms'])} + other {_ms(spec['decode_matched_other_ms'])}"
-                   f" ({kind}, {dec['n']:,} steps from {spec['decode_source']}, matched to the spec steps' "
-                   f"batch sizes)")
+                   f" ({kind}, {dec['n']:,} steps from {spec['decode_source']}{warm}, matched to the spec "
+                   f"steps' batch sizes)")
     v = spec.get("verdict")
     if v is not None:
         out.append(f"  break-even τ* {v['break_even']:.2f}; largest verify that wins at this τ: "

@@ -10,6 +10,10 @@ prefills, a slow rank, env snapshots. Generation is not timed and is cached (``-
 
     python3 benchmarks/report_scale.py [--spans 1000000] [--ranks 4] [--dir DIR]
                                         [--json benchmarks/results/report_scale.json]
+                                        [--compare OTHER_CHECKOUT] [--repeat N]
+
+``--compare`` times another checkout's report on the same trace dir, alternating with this one
+(the order flips every round), and prints this / other ratios of wall and CPU time.
 """
 
 from __future__ import annotations
@@ -149,13 +153,13 @@ def _tree_rss_kib(root: int) -> int:
     return total
 
 
-def time_report(trace_dir: str, *extra: str) -> dict:
+def time_report(trace_dir: str, *extra: str, root: Path = ROOT) -> dict:
     """Run ``sgl-probe report`` as a user would (a fresh process): wall time, CPU time and the
-    peak RSS of exactly that process (``wait4``)."""
+    peak RSS of exactly that process (``wait4``). ``root``: the checkout whose code runs."""
     cmd = [sys.executable, "-m", "sgl_probe.cli", "report", trace_dir, *extra]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=str(ROOT))
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=str(root))
         peak_tree = [0]
         done = threading.Event()
 
@@ -190,7 +194,9 @@ def main() -> int:
     ap.add_argument("--dir", help="trace dir to use (generated there if it holds no .jsonl yet; kept)")
     ap.add_argument("--json", help="write the numbers here, e.g. benchmarks/results/report_scale.json")
     ap.add_argument("--repeat", type=int, default=1, help="time the report this many times")
+    ap.add_argument("--compare", help="another sgl-probe checkout: time its report side by side")
     args = ap.parse_args()
+    other = Path(args.compare).resolve() if args.compare else None
     tmp = None
     trace_dir = args.dir
     if trace_dir is None:
@@ -205,29 +211,52 @@ def main() -> int:
     stats = dir_stats(trace_dir)
     print(f"trace dir: {stats['files']} files, {stats['bytes'] / 2**20:,.0f} MiB", flush=True)
     runs = []
-    for _ in range(args.repeat):
+    compared = []
+    for rnd in range(args.repeat):
         for extra in ((), ("--by-rank",), ("--json",)):
-            load_before = os.getloadavg()[0]
-            r = time_report(trace_dir, *extra)
-            r["loadavg_1m_before"] = round(load_before, 2)
-            r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
-            if r["rc"] != 0:
-                print(r["stderr"], file=sys.stderr)
-                raise SystemExit(f"report failed ({r['rc']}): {r['cmd']}")
-            runs.append({k: v for k, v in r.items() if k not in ("stdout", "stderr")})
-            print(f"{r['cmd']}: wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s (all processes), peak RSS "
-                  f"{r['peak_rss_mib']:.0f} MiB (largest process), {r['peak_tree_rss_mib']:.0f} MiB (all together, sampled); load average {r['loadavg_1m_before']} -> "
-                  f"{r['loadavg_1m_after']}", flush=True)
-            if extra == ():
-                print(r["stdout"])
-            if extra == ("--json",):
-                spans = json.loads(r["stdout"])["input"]["spans"]
+            roots = [("this", ROOT)] + ([("other", other)] if other else [])
+            pair = {}
+            for which, root in (roots if rnd % 2 == 0 else roots[::-1]):
+                load_before = os.getloadavg()[0]
+                r = time_report(trace_dir, *extra, root=root)
+                r["code"] = which
+                r["loadavg_1m_before"] = round(load_before, 2)
+                r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+                if r["rc"] != 0:
+                    print(r["stderr"], file=sys.stderr)
+                    raise SystemExit(f"report failed ({r['rc']}): {r['cmd']} ({which}: {root})")
+                pair[which] = r
+                if which == "this":
+                    runs.append({k: v for k, v in r.items() if k not in ("stdout", "stderr")})
+                print(f"[{which}] {r['cmd']}: wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s (all processes), "
+                      f"peak RSS {r['peak_rss_mib']:.0f} MiB (largest process), {r['peak_tree_rss_mib']:.0f} MiB "
+                      f"(all together, sampled); load average {r['loadavg_1m_before']} -> "
+                      f"{r['loadavg_1m_after']}", flush=True)
+                if extra == () and which == "this" and rnd == 0:
+                    print(r["stdout"])
+                if extra == ("--json",) and which == "this":
+                    spans = json.loads(r["stdout"])["input"]["spans"]
+            if other:
+                t, o = pair["this"], pair["other"]
+                c = {"args": " ".join(extra), "this_wall_s": t["wall_s"], "other_wall_s": o["wall_s"],
+                     "this_cpu_s": t["cpu_s"], "other_cpu_s": o["cpu_s"],
+                     "wall_ratio": round(t["wall_s"] / o["wall_s"], 3), "cpu_ratio": round(t["cpu_s"] / o["cpu_s"], 3)}
+                compared.append(c)
+                print(f"  this / other: wall {c['wall_ratio']:.3f}, cpu {c['cpu_ratio']:.3f}", flush=True)
     result = {"spans": spans, "ranks": args.ranks, "trace_dir_bytes": stats["bytes"], "generated": generated,
               "runs": runs, "worst_wall_s": max(r["wall_s"] for r in runs),
               "worst_peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
               "worst_peak_tree_rss_mib": max(r["peak_tree_rss_mib"] for r in runs), "target_wall_s": 30,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
               "date": time.strftime("%Y-%m-%d")}
+    if compared:
+        import statistics
+
+        result["compare"] = {"other": str(other), "rounds": compared,
+                             "median_wall_ratio": statistics.median(c["wall_ratio"] for c in compared),
+                             "median_cpu_ratio": statistics.median(c["cpu_ratio"] for c in compared)}
+        print(f"this / other ({other}), median over {len(compared)} pairs: wall "
+              f"{result['compare']['median_wall_ratio']:.3f}, cpu {result['compare']['median_cpu_ratio']:.3f}")
     print(f"{spans:,} spans: worst wall {result['worst_wall_s']:.1f} s (target < 30 s), "
           f"worst peak RSS {result['worst_peak_rss_mib']:.0f} MiB per process, "
           f"{result['worst_peak_tree_rss_mib']:.0f} MiB all processes")

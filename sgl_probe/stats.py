@@ -93,11 +93,18 @@ def bucket_order(label: str) -> int:
 
 # -- warm-up --------------------------------------------------------------------------------------
 
+def token_class(num_tokens: Optional[int]) -> Optional[int]:
+    """Power-of-two class of a token count (1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ...)."""
+    if type(num_tokens) is not int or num_tokens <= 0:
+        return None
+    return (num_tokens - 1).bit_length()
+
+
 def shape_key(phase: str, mode: Optional[str], batch_size: Optional[int], graph: bool,
               num_tokens: Optional[int]) -> tuple:
     """What a kernel is compiled / autotuned for, as far as a span tells. Token counts go in as
-    a power-of-two bucket: a prefill's length varies every call, its kernels' variants do not."""
-    return (phase, mode, batch_size, graph, bucket(num_tokens))
+    a power-of-two class: a prefill's length varies every call, its kernels' variants do not."""
+    return (phase, mode, batch_size, graph, token_class(num_tokens))
 
 
 def is_warmup(ms: float, reference_ms: Optional[float]) -> bool:

@@ -19,8 +19,7 @@ from typing import Iterable, Optional
 
 from sgl_probe.contract import PHASES, RANKS
 from sgl_probe.resolved import ResolvedPhase
-from sgl_probe.stats import (VERDICT_STATISTIC, Verdict, evaluate, is_warmup, median, percentile,
-                             shape_key)
+from sgl_probe.stats import VERDICT_STATISTIC, Verdict, evaluate, is_warmup, median, percentile
 
 #: Shapes remembered per process to tell a first call; beyond this, new shapes are not flagged.
 MAX_SHAPES = 4096
@@ -49,17 +48,23 @@ class Summary:
         if self.every_ns <= 0:
             return
         seen = self._seen
-        for ph in phases:
-            ms = (ph.end_ns - ph.start_ns) / 1e6
-            key = shape_key(ph.phase, ph.mode, ph.batch_size, ph.graph, ph.num_tokens)
+        window = self._window
+        for phase, t0, t1, graph, mode, bs, ntok, _host, _target, accept, _start, reason, _err in phases:
+            ms = (t1 - t0) / 1e6
+            # sgl_probe.stats.shape_key, inline: this runs for every phase of every step
+            key = (phase, mode, bs, graph, (ntok - 1).bit_length() if type(ntok) is int and ntok > 0 else None)
             first = key not in seen and len(seen) < MAX_SHAPES
             if first:
                 seen.add(key)
-            self._window.setdefault(ph.phase, []).append((ms, ph.graph, ph.no_graph_reason, key, first))
-            if ph.phase == "verify" and ph.accept_length is not None:
-                self._accept.append(ph.accept_length)
-            elif ph.phase == "decode" and not first:
-                self._decode[ph.graph].append(ms)
+            items = window.get(phase)
+            if items is None:
+                items = window[phase] = []
+            items.append((ms, graph, reason, key, first))
+            if phase == "verify":
+                if accept is not None:
+                    self._accept.append(accept)
+            elif phase == "decode" and not first:
+                self._decode[graph].append(ms)
 
     # -- the window's steady state ---------------------------------------------------------------
     def _steady(self) -> dict[str, tuple[list, int]]:

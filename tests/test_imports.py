@@ -120,7 +120,8 @@ def test_core_never_imports_report_or_testing_and_there_are_no_cycles():
     assert core_violations(graph) == []
     assert cycles(graph) == []
     # Both the live summary line and the report take their statistics from the core:
-    assert "sgl_probe.stats" in graph["sgl_probe.summary"] and "sgl_probe.stats" in graph["sgl_probe.report.speculative"]
+    assert "sgl_probe.stats" in graph["sgl_probe.summary"]
+    assert "sgl_probe.stats" in graph["sgl_probe.report.speculative"]
 
 
 @pytest.mark.parametrize("name", sorted(m for m in modules(ROOT, "sgl_probe") if "._" not in m))

@@ -289,6 +289,7 @@ def test_live_verdict_in_the_server_log_through_the_probe(monkeypatch, caplog):
         probe.instrumentor.uninstrument()
         probe.pipeline.shutdown()
     assert lines, [r.getMessage() for r in caplog.records]
-    assert re.search(r"\| verify n=\d+ p50=[\d.]+ms p90=[\d.]+ms graph=0%(?: \([a-z_]+\))? \| draft_extend n=\d+ .* \| "
-                     r"verdict from medians, \d+ warm-up calls? left out \| spec \d+\.\d\d× vs graph decode \(τ 3\.0, break-even \d+\.\d; verify had no graph in "
+    assert re.search(r"\| verify n=\d+ p50=[\d.]+ms p90=[\d.]+ms graph=0%(?: \([a-z_]+\))? \| "
+                     r"draft_extend n=\d+ .* \| verdict from medians, \d+ warm-up calls? left out \| "
+                     r"spec \d+\.\d\d× vs graph decode \(τ 3\.0, break-even \d+\.\d; verify had no graph in "
                      r"100 % of steps\)$", lines[0]), lines[0]

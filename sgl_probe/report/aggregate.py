@@ -3,7 +3,7 @@ a million spans holds a few numbers per span and never the spans themselves.
 
 What is kept:
 - phase durations and step indices per shape (phase, cuda_graph, batch-size bucket, rank,
-  forward mode, batch size, token-count bucket), as ``array('d')`` / ``array('q')``; :meth:`finish`
+  forward mode, batch size, token-count class), as ``array('d')`` / ``array('q')``; :meth:`finish`
   finds each shape's first call, leaves it out as warm-up when :func:`sgl_probe.stats.is_warmup`
   says so, and folds the rest into ``groups`` per (phase, cuda_graph, batch-size bucket, rank);
 - per rank, dense arrays indexed by step index (the probe's per-process step counter, the same on
@@ -28,7 +28,7 @@ from sgl_probe.contract import (ENV_ATTR_PREFIX, ENV_DIFFERS, ENV_WITHHELD, FING
                                 SPEC_SETTINGS)
 from sgl_probe.report.fields import TP, DP, PP, accept_length, num, phase_fields, step_fields
 from sgl_probe.report.model import ENV, PHASE_NAMES, STEP, Span
-from sgl_probe.stats import WARMUP_MIN_MS, bucket, is_warmup, median
+from sgl_probe.stats import WARMUP_MIN_MS, bucket, is_warmup, median, token_class
 
 NAN = float("nan")
 #: A step index beyond this is not trusted for the dense per-step arrays.
@@ -133,7 +133,7 @@ class Aggregator:
         self.n_phase_spans = 0
         self.unknown_names: collections.Counter = collections.Counter()
         self.errors: collections.Counter = collections.Counter()
-        # (phase, graph, bucket, rank, mode, batch size, token bucket) -> (ms, step index)
+        # (phase, graph, bucket, rank, mode, batch size, token class) -> (ms, step index)
         self.shapes: dict[tuple, tuple[array, array]] = {}
         self.starts: dict[tuple, int] = {}  # (phase, start kind) -> calls
         self.no_graph: dict[tuple, int] = {}  # (phase, reason or None) -> calls without a graph
@@ -205,10 +205,7 @@ class Aggregator:
         b = buckets.get(bs)
         if b is None:
             b = buckets[bs] = bucket(bs)
-        tb = buckets.get(ntok)
-        if tb is None:
-            tb = buckets[ntok] = bucket(ntok)
-        key = (phase, graph, b, rank, mode, bs, tb)
+        key = (phase, graph, b, rank, mode, bs, token_class(ntok))
         pair = self.shapes.get(key)
         if pair is None:
             pair = self.shapes[key] = (array("d"), array("q"))

@@ -188,7 +188,9 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
     """Spans carrying keys this report has never seen (every OTLP value kind, an unknown kind,
     malformed values) read exactly as without them; ``sglang.no_graph_reason`` and
     ``sgl_probe.start`` are shown per phase, also after a round trip through Jaeger JSON."""
-    from sgl_probe.contract import NO_GRAPH_REASON, START
+    from sgl_probe.contract import NO_GRAPH_REASON, PHASES, START, phase_span
+
+    PHASE_SPANS = {phase_span(p) for p in PHASES}
 
     files = copy_dir(spec_dir, tmp_path / "n")
     host_clock = 0
@@ -202,7 +204,7 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
                     for sp in ss["spans"]:
                         attrs = sp["attributes"]
                         attrs += [{"key": f"future.key{i}", "value": v} for i, v in enumerate(NEW_VALUES)]
-                        if sp["name"] in ("sglang.step", "sgl_probe.env_snapshot"):
+                        if sp["name"] not in PHASE_SPANS:
                             continue
                         graph = next(a["value"]["boolValue"] for a in attrs if a["key"] == "sglang.cuda_graph")
                         start = "host_clock" if sp["name"] == "sglang.decode" else "gpu_event"

@@ -12,10 +12,12 @@ the verdict); the core never imports the report. One job per module:
 ``otlp``           OTLP/JSON lines (``SGL_PROBE_TRACE_DIR`` files) and documents
 ``jaeger_in``      Jaeger ``/api/traces`` JSON, from a file or over HTTP
 ``sources``        SOURCE arguments -> one stream of spans (format sniffing)
+``reading``        sources -> an aggregator (one process, or ``parallel`` for big inputs)
 ``fields``         the attributes the aggregation reads, from raw or decoded spans
 ``aggregate``      streaming aggregation: phases, warm-up, steps, ranks, spec cycles, env
 ``speculative``    verdict inputs from aggregates (medians, batch-size matching, what-ifs)
 ``stragglers``     same step, ranks side by side
+``diff``           what differs between two runs (env, fingerprint)
 ``keep``           the first N traces, kept whole for the file writers
 ``document``       the report as one JSON-able dict
 ``text``           the terminal rendering

@@ -5,55 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Iterator
 
-from sgl_probe.report import document, sources as sources_mod, text
+from sgl_probe.report import document, text
 from sgl_probe.report.aggregate import Aggregator
 from sgl_probe.report.keep import TraceKeeper
-from sgl_probe.report.model import Problems, Span
+from sgl_probe.report.model import Problems
+from sgl_probe.report.reading import read
 
 #: With --plot only, this many traces are kept for its timeline.
 PLOT_TRACES = 400
-
-
-def _stream(paths: list[str], jaeger: dict | None, problems: Problems) -> Iterator[Span]:
-    for path in paths:
-        yield from sources_mod.read_file(path, problems)
-    if jaeger:
-        from sgl_probe.report import jaeger_in
-
-        yield from jaeger_in.fetch(jaeger["url"], jaeger["service"], jaeger["limit"], jaeger["lookback_s"], problems)
-
-
-def _read(srcs: list[str], jaeger: dict | None, jobs: int | None, agg: Aggregator, problems: Problems,
-          keeper: TraceKeeper | None) -> None:
-    """Every span of ``srcs`` (and Jaeger's answer) into ``agg`` (and ``keeper``)."""
-    from sgl_probe.report import parallel
-
-    paths = [p for src in srcs for p in sources_mod.files_of(src, problems)]
-    workers = parallel.auto_workers(paths, jobs)
-    if workers > 1 and paths:
-        keep = (keeper.max_traces or 0) if keeper is not None else None  # 0: keep every trace
-        parallel.run(paths, workers, keep, agg, problems, keeper)
-        stream = _stream([], jaeger, problems)
-    else:
-        stream = _stream(paths, jaeger, problems)
-    add = agg.add
-    if keeper is None:
-        for span in stream:
-            add(span)
-    else:
-        keep = keeper.add
-        for span in stream:
-            add(span)
-            keep(span)
-
-
-def read_aggregator(srcs: list[str], jobs: int | None) -> tuple[Aggregator, Problems]:
-    """Every span of ``srcs``, aggregated and finished."""
-    agg, problems = Aggregator(), Problems()
-    _read(srcs, None, jobs, agg, problems, None)
-    return agg.finish(), problems
 
 
 def _fail(msg: str) -> int:
@@ -92,12 +52,12 @@ def _run(args: argparse.Namespace) -> int:
     wants_files = bool(args.jaeger_json or args.perfetto)
     keep_n = args.max_traces if wants_files else PLOT_TRACES
     keeper = TraceKeeper(keep_n if keep_n > 0 else None) if (wants_files or args.plot) else None
-    _read(args.sources, jaeger, args.jobs, agg, problems, keeper)
+    read(args.sources, jaeger, args.jobs, agg, problems, keeper)
     agg.finish()
     base = None
     if args.baseline:
         base = Aggregator()
-        _read(args.baseline, None, args.jobs, base, problems, None)
+        read(args.baseline, None, args.jobs, base, problems, None)
         base.finish()
     for line in problems.lines():
         print(f"sgl-probe report: {line}", file=sys.stderr)

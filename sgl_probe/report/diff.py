@@ -211,7 +211,7 @@ def run(args) -> int:
     """``sgl-probe diff A B``: 0 no difference, 1 differences, 2 an input with nothing to compare."""
     import sys
 
-    from sgl_probe.report.command import read_aggregator
+    from sgl_probe.report.reading import read_aggregator
 
     sides = []
     for src in (args.a, args.b):

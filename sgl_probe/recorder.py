@@ -21,14 +21,14 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from sgl_probe import readers
+from sgl_probe import no_graph, readers
 
 perf_counter_ns = time.perf_counter_ns
 
 
 class PhaseRecord:
     __slots__ = ("phase", "mode", "batch_size", "num_tokens", "host0", "host1", "t_start", "t_end",
-                 "graph", "graph_hook", "error", "accept_length", "target")
+                 "graph", "graph_hook", "no_graph_reason", "error", "accept_length", "target")
 
     def __init__(self, facts: readers.Facts, target: str, host0: int, t_start: Any) -> None:
         self.phase, self.mode, self.batch_size, self.num_tokens = facts
@@ -39,6 +39,7 @@ class PhaseRecord:
         self.t_end = None
         self.graph: Optional[bool] = None  # from the call's result, when SGLang reports it
         self.graph_hook = False  # a graph-replay target ran inside this call
+        self.no_graph_reason: Optional[str] = None  # contract.NO_GRAPH_REASONS, when no graph ran
         self.error: Optional[BaseException] = None
         self.accept_length: Optional[float] = None
 
@@ -150,6 +151,7 @@ class Recorder:
         name = target.name
         read = readers.ENTER[target.reader]
         leave = readers.LEAVE.get(target.reader)
+        why = no_graph.reason_for(target.runner)
 
         def phase(obj, *args, **kwargs):
             st = tls.step
@@ -185,8 +187,15 @@ class Recorder:
                 ph.t_end = rec.timer.stop(ph.t_start, now)
                 ph.host1 = now
                 st.phases.append(ph)
+                # The graph flag as the span builder reads it: SGLang's own report from the result
+                # wins, else whether a graph-replay target ran. Only a graph-less phase pays for
+                # asking why.
                 if leave is not None:
-                    ph.graph = leave(result)
+                    graph = ph.graph = leave(result)
+                    if not graph and (graph is False or not ph.graph_hook):
+                        ph.no_graph_reason = why(obj, ph.mode, ph.batch_size)
+                elif not ph.graph_hook:
+                    ph.no_graph_reason = why(obj, ph.mode, ph.batch_size)
                 if ph.phase == "verify":
                     awaiting.append(ph)
             except Exception as exc:

@@ -3,8 +3,9 @@
 SGLang moves its internals every few releases (see the research notes on hook points by
 version), so a new release should be a data change here, not a hunt through the code. Each row
 says what the call is for (``role``), which span phases it can produce, where it lives, how to
-read facts from the call (``reader``, a function name in :mod:`sgl_probe.readers`), and the
-version range in which it is *expected* to exist. Resolution itself goes by presence, not by
+read facts from the call (``reader``, a function name in :mod:`sgl_probe.readers`), where a
+phase that ran without a graph finds SGLang's graph runner (``runner``, in
+:mod:`sgl_probe.no_graph`), and the version range in which it is *expected* to exist. Resolution itself goes by presence, not by
 version number (dev builds such as the Kimi-K2.5 "0.5.8" images mix features): every row is
 tried, and the range only decides whether a missing target is worth a warning.
 """
@@ -33,6 +34,7 @@ class Target:
     since: str | None = None  # first version expected to have it
     until: str | None = None  # first version expected NOT to have it
     mode: str | None = None  # forward-mode name to report when SGLang mutates it inside the call
+    runner: str | None = None  # where a phase's no-graph reason is read (``no_graph.BY_RUNNER``)
 
     @property
     def name(self) -> str:
@@ -83,26 +85,27 @@ TARGETS: tuple[Target, ...] = (
     # Target-model forward. The mode decides the phase: DECODE -> decode, EXTEND/MIXED -> extend,
     # TARGET_VERIFY (or is_verify=True) -> verify when no spec-specific verify row caught it first.
     Target("phase", ("decode", "extend"), _S + "managers.tp_worker",
-           "TpModelWorker.forward_batch_generation", "forward"),
+           "TpModelWorker.forward_batch_generation", "forward", runner="worker"),
     # EAGLE v1 (gone in 0.5.13). EAGLEWorker subclasses TpModelWorker but overrides
     # forward_batch_generation, so the row above does not time the whole spec step.
-    Target("phase", ("draft",), _EW1, "EAGLEWorker.draft", "spec_call", until="0.5.13"),
+    Target("phase", ("draft",), _EW1, "EAGLEWorker.draft", "spec_call", until="0.5.13", runner="draft"),
     Target("phase", ("verify",), _EW1, "EAGLEWorker.verify", "verify_v1", until="0.5.13",
-           mode="TARGET_VERIFY"),
+           mode="TARGET_VERIFY", runner="spec_target"),
     # Draft-extend after a prefill runs in the prefill's own mode (EXTEND/MIXED: no table mode);
     # after a verify SGLang switches the batch to DRAFT_EXTEND(_V2) inside the call.
     Target("phase", ("draft_extend",), _EW1, "EAGLEWorker.forward_draft_extend", "spec_call",
-           until="0.5.13"),
+           until="0.5.13", runner="draft_extend"),
     Target("phase", ("draft_extend",), _EW1, "EAGLEWorker.forward_draft_extend_after_decode",
-           "draft_extend_v1_decode", until="0.5.13", mode="DRAFT_EXTEND"),
+           "draft_extend_v1_decode", until="0.5.13", mode="DRAFT_EXTEND", runner="draft_extend"),
     # EAGLE v2 (opt-in from 0.5.5, default from 0.5.11, the only one from 0.5.13).
-    Target("phase", ("draft",), _EW2, "EagleDraftWorker.draft", "spec_call", since="0.5.5"),
+    Target("phase", ("draft",), _EW2, "EagleDraftWorker.draft", "spec_call", since="0.5.5",
+           runner="draft"),
     Target("phase", ("verify",), _EW2, "EAGLEWorkerV2.verify", "verify_v2", since="0.5.5",
-           mode="TARGET_VERIFY"),
+           mode="TARGET_VERIFY", runner="spec_target"),
     Target("phase", ("draft_extend",), _EW2, "EagleDraftWorker._draft_extend_for_prefill",
-           "spec_call", since="0.5.5"),
+           "spec_call", since="0.5.5", runner="draft_extend"),
     Target("phase", ("draft_extend",), _EW2, "EagleDraftWorker._draft_extend_for_decode",
-           "spec_call", since="0.5.5", mode="DRAFT_EXTEND_V2"),
+           "spec_call", since="0.5.5", mode="DRAFT_EXTEND_V2", runner="draft_extend"),
     # Graph replays: a call here means the open phase ran a captured graph.
     Target("graph", ("graph",), _S + "model_executor.cuda_graph_runner", "CudaGraphRunner.replay",
            "graph", until="0.5.14"),

@@ -347,3 +347,18 @@ def test_spec_readers_on_sglangs_own_objects(readers_report):
     if readers_report["sglang_version"] == "0.5.9":  # EAGLE v1: re-runs accepted tokens only
         assert readers_report["v1_draft_extend"] == {"phase": "draft_extend", "mode": "DRAFT_EXTEND",
                                                      "batch_size": 3, "num_tokens": 6}
+
+
+def test_uninstrument_then_import_leaves_sglang_unwrapped(readers_report):
+    """Instrumented, uninstrumented, then SGLang's worker module imported: nothing wrapped;
+    instrumenting again wraps every target loaded by then."""
+    u = readers_report["uninstrument"]
+    assert "sglang.srt.managers.tp_worker:TpModelWorker.forward_batch_generation" in u["loaded"]
+    assert u["wrapped_while_off"] == [] and u["wrapped_again"] == u["loaded"]
+
+
+def test_no_graph_reasons_on_sglangs_own_classes(readers_report):
+    ng = readers_report["no_graph"]
+    assert all(ng["layout"].values()), ng["layout"]
+    assert {n: r["got"] for n, r in ng["reasons"].items()} == {n: r["want"] for n, r in ng["reasons"].items()}
+    assert ng["eager_runner"] is (readers_report["sglang_version"] == "0.5.23")  # 0.5.14+ has one

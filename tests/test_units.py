@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from sgl_probe import config, envsnap, readers, targets
+from sgl_probe import config, envsnap, no_graph, readers, targets
 from sgl_probe.timing import CpuTimer, make_timer
 
 
@@ -89,6 +89,7 @@ def test_table_is_consistent():
         assert t.role in targets.ROLES
         if t.role == "phase":
             assert t.reader in readers.ENTER
+            assert t.runner in no_graph.BY_RUNNER, t.name
 
 
 def test_forward_reader_never_files_verify_as_extend():
@@ -128,5 +129,22 @@ def test_cpu_timer_and_auto_choice():
     e = t.stop(s, 3_000)
     a, b = t.interval(s, e)
     assert b - a == 2_000 and t.ready(s, e)
-    assert make_timer("auto", logging.getLogger("x")).kind in ("cpu", "cuda")
+    # auto picks CUDA only where this process already put work on a CUDA device; this one has not.
+    assert make_timer("auto", logging.getLogger("x")).kind == "cpu"
     assert make_timer("cpu", logging.getLogger("x")).kind == "cpu"
+
+
+def test_cuda_timer_asked_for_without_cuda_says_so(caplog, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch":
+            raise ImportError("no torch here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with caplog.at_level(logging.WARNING, logger="x"):
+        assert make_timer("cuda", logging.getLogger("x")).kind == "cpu"
+    assert any("SGL_PROBE_TIMER=cuda" in r.getMessage() for r in caplog.records)

@@ -204,9 +204,8 @@ def activate(start_env: Optional[dict] = None) -> Optional[Probe]:
     if not cfg.enabled:
         return None
     if start_env is None:
-        from sgl_probe import _arm
-
-        start_env = _arm.start_env()
+        startup = sys.modules.get("_sgl_probe_arm")  # absent: the probe was not armed at startup
+        start_env = startup.start_env() if startup is not None else None
     _PROBE = Probe(cfg, start_env)
     _PROBE.instrumentor.instrument()
     return _PROBE

@@ -12,18 +12,26 @@ from typing import Optional, Sequence
 
 
 def startup_dir() -> str:
-    """The directory holding the PYTHONPATH ``sitecustomize.py`` (shipped inside the package)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    packaged = os.path.join(here, "_startup")
-    if os.path.isfile(os.path.join(packaged, "sitecustomize.py")):
-        return packaged
-    return os.path.join(os.path.dirname(here), "sitecustomize")  # source checkout
+    """The directory holding the PYTHONPATH ``sitecustomize.py``: ``_sgl_probe_startup/`` beside
+    the installed startup module, else a source checkout's ``sitecustomize/``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("_sgl_probe_arm")
+    if spec is not None and spec.origin:
+        installed = os.path.join(os.path.dirname(spec.origin), "_sgl_probe_startup")
+        if os.path.isfile(os.path.join(installed, "sitecustomize.py")):
+            return installed
+    package = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(package), "sitecustomize")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from sgl_probe import _arm
-
-    _arm.disarm()  # inspect SGLang without instrumenting this process
+    try:
+        import _sgl_probe_arm
+    except ImportError:  # used from a source tree without the startup module: nothing is armed
+        pass
+    else:
+        _sgl_probe_arm.disarm()  # inspect SGLang without instrumenting this process
     from sgl_probe.activate import sglang_version
     from sgl_probe.instrument import check_targets
 

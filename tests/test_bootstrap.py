@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.wheel import ROOT, build_wheel, fresh_venv, site_packages_of
+from tests.harness.wheel import ROOT, build_wheel, fresh_venv, pip_install, site_packages_of
 
 CHILD_SCRIPT = textwrap.dedent("""
     import json, multiprocessing as mp, os, sys
 
     def report(q, do_import):
         before = {m: m in sys.modules for m in ("sgl_probe", "wrapt", "opentelemetry", "torch")}
-        import sgl_probe._arm as arm
+        import _sgl_probe_arm as arm
         if do_import:
             import sglang  # placeholder package: see the test module's docstring
         from sgl_probe import activate
@@ -73,7 +73,7 @@ def test_wheel_installs_startup_files(venvs):
     assert (sp / "sgl_probe.pth").read_text().strip() == "import _sgl_probe_arm; _sgl_probe_arm.arm()"
     assert (sp / "sgl_probe.start").read_text().strip() == "_sgl_probe_arm:arm"
     assert (sp / "_sgl_probe_arm.py").is_file()
-    assert (sp / "sgl_probe" / "_startup" / "sitecustomize.py").is_file()
+    assert (sp / "_sgl_probe_startup" / "sitecustomize.py").is_file()
 
 
 def test_spawn_child_is_armed_but_loads_nothing_heavy(venvs):
@@ -101,7 +101,7 @@ def test_sgl_probe_run_chains_the_shadowed_sitecustomize(venvs):
     cli = str(venvs["with"] / "bin" / "sgl-probe")
     got = run_child(venvs["with"], venvs["script"], {"PYTHONPATH": path, "SGL_PROBE_RUN_ID": ""},
                     do_import=True, prefix=[cli, "run", "--"])
-    assert "sgl_probe/_startup/sitecustomize.py" in got["sitecustomize"]
+    assert "_sgl_probe_startup/sitecustomize.py" in got["sitecustomize"]
     assert got["other_ran"], "the sitecustomize shadowed by sgl-probe's must still run"
     assert got["armed"] and got["activated"] and got["run_id"]
 
@@ -116,9 +116,27 @@ def test_source_checkout_sitecustomize_without_install(tmp_path, venvs):
     """PYTHONPATH=<checkout>/sitecustomize alone (no wheel installed) arms the probe too."""
     bare = fresh_venv(tmp_path / "bare", None)
     path = os.pathsep.join([str(ROOT / "sitecustomize"), str(venvs["other"])])
+    # The package itself is found too (the trigger imports it on the first `import sglang`).
     probe = subprocess.run([str(bare / "bin" / "python"), "-c",
-                            "import sys, os, sgl_probe._arm as a; print(a._ARMED, os.environ.get('OTHER_SITECUSTOMIZE_RAN'))"],
+                            "import os, importlib.util, _sgl_probe_arm as a; "
+                            "print(a._ARMED, importlib.util.find_spec('sgl_probe').origin, "
+                            "os.environ.get('OTHER_SITECUSTOMIZE_RAN'))"],
                            env={**{k: v for k, v in os.environ.items() if not k.startswith("SGL_PROBE")},
                                 "PYTHONPATH": path}, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.split() == ["True", "1"]
+    assert probe.stdout.split() == ["True", str(ROOT / "sgl_probe" / "__init__.py"), "1"], probe.stdout
+
+
+def test_editable_install_maps_the_package_and_the_startup_folder(tmp_path):
+    """``pip install -e .`` (the test command's install): the installed startup files must not
+    create a ``sgl_probe`` directory in site-packages that would hide the mapped package."""
+    venv = fresh_venv(tmp_path / "editable", None)
+    pip_install(venv, "--no-deps", "editables", "-e", str(ROOT))  # editables: the mapping hook
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import sgl_probe, sgl_probe.cli as c; print(sgl_probe.__file__); print(c.startup_dir())"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if not k.startswith(("SGL_PROBE", "PYTHONPATH"))})
+    assert out.returncode == 0, out.stderr
+    package, startup = out.stdout.split()
+    assert package == str(ROOT / "sgl_probe" / "__init__.py")
+    assert Path(startup, "sitecustomize.py").read_text() == (ROOT / "sitecustomize" / "sitecustomize.py").read_text()

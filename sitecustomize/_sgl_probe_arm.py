@@ -1,6 +1,7 @@
 """The few lines every interpreter runs at startup (from the .pth, the PEP 829 .start file,
-the PYTHONPATH ``sitecustomize`` or SGLang's plugin entry point). Installed as a top-level module;
-``sgl_probe._arm`` is the same module under the package's name.
+the PYTHONPATH ``sitecustomize`` or SGLang's plugin entry point). Installed as a top-level module
+beside ``sgl_probe.pth``: the .pth runs in every interpreter of the venv, and loading one module
+instead of a package plus a submodule measurably shortens every start.
 
 Only ``sys`` and ``os`` may be imported here: this runs in every pip, every tool and every
 script of the venv. It arms a meta-path trigger that costs nothing until some code imports
@@ -43,11 +44,6 @@ class _SGLangTrigger:
         if fullname == "sglang" or fullname.startswith("sglang."):
             disarm()
             _activate()
-        return None
-
-    # Python < 3.12 may still ask legacy finders for find_module.
-    def find_module(self, fullname, path=None):
-        self.find_spec(fullname, path)
         return None
 
 

@@ -6,7 +6,7 @@ Three layers:
   ``spans.build_env_span``) and exported with the stock OTel SDK exporters to the collector, then
   queried and asserted on; malformed payloads against the session fixture; user-style test files
   run through ``pytest`` in a subprocess (the plugin is found through its entry point).
-- fresh venv: only the built wheel + pytest installed; the README's example test file runs
+- fresh venv: only the built wheel + pytest installed; the example test file (docs/testing.md) runs
   against a **placeholder** package named ``sglang`` (a few classes with SGLang's names that
   spawn two "scheduler" processes; it exists to trigger the probe, it is not SGLang), once as is
   (passes) and once through a launcher that spawns tp rank 1 without ``NCCL_PROTO`` (fails).
@@ -427,13 +427,25 @@ def test_user_test_file_through_pytest(tmp_path):
     assert "fixture 'sgl_probe_collector' not found" in off.stdout, off.stdout[-2000:]
 
 
-def test_readme_shows_the_example_file_verbatim():
-    readme = (ROOT / "README.md").read_text().split("## Testing API (pytest plugin)", 1)[1]
-    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+def test_literal_names_of_the_testing_api_equal_the_contract():
+    """The testing API spells the span contract's names itself (an independent oracle); they must
+    be the probe's."""
+    from sgl_probe import contract
+    from sgl_probe.testing import names
+
+    for ours, theirs in names.CONTRACT_NAMES.items():
+        assert getattr(names, ours) == getattr(contract, theirs), (ours, theirs)
+    assert (names.TP_RANK, names.DP_RANK, names.PP_RANK) == tuple(contract.SPAN_PREFIX + r for r in contract.RANKS)
+    assert names.LAUNCHER_ENV_VAR == envsnap.LAUNCHER_ENV_VAR
+
+
+def test_docs_show_the_example_file_verbatim():
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    block = doc.split("```python\n", 1)[1].split("```", 1)[0]
     assert block == EXAMPLE.read_text()
 
 
-# -- placeholder "sglang": the README example in a fresh venv (wheel + pytest only) -------------
+# -- placeholder "sglang": the example file in a fresh venv (wheel + pytest only) -------------
 
 #: A package *named* ``sglang`` that is not SGLang: a launcher spawning one "scheduler" process per
 #: tp rank (multiprocessing spawn, as SGLang does), classes with the names the probe's target table

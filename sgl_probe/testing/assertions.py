@@ -1,6 +1,6 @@
 """``assert_env_propagated``: did the launcher's variables reach every SGLang scheduler process?
 
-Built only on what the probe exports (README, env-snapshot attributes): each scheduler process
+Built only on what the probe exports (docs/span-contract.md, env-snapshot attributes): each scheduler process
 sends its environment at ``process_start`` (as it was spawned) and at ``nccl_init`` (just before its
 first communicator, when NCCL reads its variables), each with the names whose value differs from
 the launcher (``sgl_probe.env.differs_from_launcher``) and the launcher's value
@@ -14,20 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from sgl_probe.testing.collector import (
-    UNKNOWN,
-    EnvSnapshot,
-    EnvSnapshots,
-    _points,
-    _process_label,
-    _rank_set,
-    env_snapshots,
-)
+from sgl_probe.testing import fields, names
+from sgl_probe.testing.queries import env_snapshots
 from sgl_probe.testing.receiver import ReceivedSpan
+from sgl_probe.testing.snapshots import UNKNOWN, EnvSnapshot, EnvSnapshots
 
 __all__ = ["assert_env_propagated", "env_propagation_problems", "EnvPropagationError", "EnvProblem"]
-
-_DEFAULT_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "SGLANG_", "OMP_", "PYTORCH_")
 
 
 def _show(value: Any) -> str:
@@ -65,7 +57,7 @@ class EnvProblem:
 
     @property
     def process(self) -> str:
-        return _process_label(self.pid, self.tp_rank, self.dp_rank, self.pp_rank)
+        return fields.process_label(self.pid, self.tp_rank, self.dp_rank, self.pp_rank)
 
     def describe(self) -> str:
         where = f"{self.process} at {self.point}"
@@ -98,7 +90,7 @@ class EnvProblem:
         else:
             text += (f"no (the process was spawned with the launcher's {_show(self.start_value)}; it "
                      f"changed inside the process before {self.point})")
-        if self.actual is None and not self.name.startswith(_DEFAULT_PREFIXES):
+        if self.actual is None and not self.name.startswith(names.DEFAULT_ENV_PREFIXES):
             text += (f"; note: {self.name} is not on the probe's default allow-list, so it is only "
                      "captured when listed in SGL_PROBE_ENV_ALLOW")
         return text
@@ -136,8 +128,8 @@ def env_propagation_problems(snapshots: Any, expected: Mapping[str, Optional[str
     if not expected:
         raise ValueError("expected: give the variables to check, e.g. {'NCCL_PROTO': 'LL'}")
     snaps = _as_snapshots(snapshots)
-    wanted = _rank_set(ranks)
-    points = _points(at) or ()
+    wanted = fields.rank_set(ranks)
+    points = fields.snapshot_points(at) or ()
     problems: list[EnvProblem] = []
     checked: list[EnvSnapshot] = []
     for point in points:
@@ -208,7 +200,7 @@ def assert_env_propagated(snapshots: Any, expected: Mapping[str, Optional[str]],
                                                  nccl_confirmed=nccl_confirmed)
     if not problems:
         return checked
-    points = "/".join(_points(at) or ())
+    points = "/".join(fields.snapshot_points(at) or ())
     bad = {(p.pid, p.tp_rank) for p in problems}
     total = {(s.pid, s.tp_rank) for s in checked} | bad
     want = ", ".join(f"{k}={_show(None if v is None else str(v))}" for k, v in expected.items())

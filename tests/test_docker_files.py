@@ -25,6 +25,7 @@ COMPOSE = DOCKER / "compose.yaml"
 COLLECTOR = DOCKER / "otel-collector.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"
 README = ROOT / "README.md"
+DOCKER_DOC = ROOT / "docs" / "docker.md"
 PROFILES = ("jaeger", "collector")
 
 
@@ -146,10 +147,8 @@ def test_collector_config_batches_and_keeps_every_slow_step(docs):
         assert name in {**cfg["processors"], **cfg["exporters"]}, name
     policies = {p["name"]: p for p in cfg["processors"]["tail_sampling"]["policies"]}
     slow = policies["slow-step"]["ottl_condition"]["span"][0]
-    assert 'attributes["sgl_probe.duration_ms"] >= ${env:SLOW_STEP_MS}' in slow
+    assert "${env:SLOW_STEP_MS}" in slow  # the names it tests: test_names_docker_and_its_doc_use_...
     assert policies["slow-trace"]["latency"]["threshold_ms"] == "${env:SLOW_STEP_MS}"
-    assert policies["env-snapshots"]["string_attribute"] == {
-        "key": "sgl_probe.snapshot_point", "values": ["process_start", "nccl_init"]}
     assert policies["errors"]["status_code"]["status_codes"] == ["ERROR"]
     # Every ${env:X} of the config is set by the compose service that mounts it.
     svc = compose["services"]["otel-collector"]
@@ -162,21 +161,23 @@ def test_collector_config_batches_and_keeps_every_slow_step(docs):
     assert cfg["exporters"]["otlp/jaeger"]["endpoint"] == "${env:JAEGER_OTLP}"
 
 
-def test_names_used_match_the_span_contract():
-    """The attribute and span names docker/ and the README section rely on are the probe's own."""
-    from sgl_probe import envsnap, spans as spans_mod
-    from sgl_probe.targets import PHASES
+def test_names_docker_and_its_doc_use_are_the_span_contract(docs):
+    """The collector config, compose file and docs/docker.md name spans, attributes and settings
+    the way sgl_probe/contract.py (what the probe emits) does."""
+    from sgl_probe import contract
 
-    src = Path(spans_mod.__file__).read_text()
-    for name in ('"sgl_probe.duration_ms"', '"sglang.cuda_graph"', 'name="sglang." + ph.phase',
-                 'name="sglang.step"', 'name="sgl_probe.env_snapshot"'):
-        assert name in src, name
-    assert "verify" in PHASES
-    assert "sgl_probe.snapshot_point" in Path(envsnap.__file__).read_text()
-    text = README.read_text()
-    section = text.split("## See the split in Jaeger", 1)[1]
-    for needle in ("sglang.verify", "sglang.cuda_graph=false", "--profile collector", "--profile jaeger",
-                   "OTEL_EXPORTER_OTLP_ENDPOINT", "SGL_PROBE_RUN_ID", "not run"):
+    policies = {p["name"]: p for p in docs["collector"]["processors"]["tail_sampling"]["policies"]}
+    slow = policies["slow-step"]["ottl_condition"]["span"][0]
+    assert f'attributes["{contract.DURATION_MS}"] >= ${{env:SLOW_STEP_MS}}' in slow
+    snapshots = policies["env-snapshots"]["string_attribute"]
+    assert snapshots["key"] == contract.SNAPSHOT_POINT
+    assert {"process_start", "nccl_init"} <= set(snapshots["values"]) <= set(contract.SNAPSHOT_POINTS)
+    assert contract.ENV_RUN_ID in docs["compose"]["services"]["sglang"]["environment"]
+    section = DOCKER_DOC.read_text()
+    for needle in (contract.phase_span("verify"), contract.phase_span("decode"), f"{contract.CUDA_GRAPH}=false",
+                   f"{contract.CUDA_GRAPH}=true", contract.ENV_SPAN, f"{contract.SNAPSHOT_POINT}=nccl_init",
+                   contract.DURATION_MS, contract.ENV_RUN_ID, "--profile collector", "--profile jaeger",
+                   "OTEL_EXPORTER_OTLP_ENDPOINT", "not run"):
         assert needle in section, needle
 
 
@@ -185,9 +186,10 @@ def test_dockerfile_installs_with_the_readme_line_and_copies_what_the_build_need
     assert re.search(r"^ARG SGLANG_TAG=v\$\{SGLANG_VERSION\}$", text, re.M)
     assert re.search(r"^FROM \$\{SGLANG_IMAGE\}:\$\{SGLANG_TAG\}$", text, re.M)
     assert re.search(r"^ARG SGLANG_IMAGE=lmsysorg/sglang$", text, re.M)
-    # README "Install": `pip install sgl-probe   # from a checkout: pip install /path/to/sgl-probe`.
+    # README "Install": `pip install sgl-probe   # from a checkout: pip install .`; the image runs
+    # that line on the checkout copied to /opt/sgl-probe.
     install = README.read_text().split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    m = re.search(r"from a checkout: (pip install) (/path/to/sgl-probe)", install)
+    m = re.search(r"from a checkout: (pip install) \.$", install, re.M)
     assert m, install
     runs = re.findall(r"^RUN (pip install .*)$", text, re.M)
     assert runs == [f"{m.group(1)} /opt/sgl-probe"], runs

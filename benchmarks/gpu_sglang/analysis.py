@@ -138,19 +138,22 @@ def metric_counts(metrics_text: str) -> dict:
     return out
 
 
-def count_agreement(spans: list[dict], counts: dict) -> dict:
-    """Probe spans per (phase, graph) against SGLang's ``cuda_graph_passes_total`` modes."""
+def count_agreement(spans: list[dict], counts: dict, spec: bool = False) -> dict:
+    """Probe spans per (phase, graph) against SGLang's ``cuda_graph_passes_total`` modes (a
+    speculative server's decode passes are its verify steps). ``spec_verify_calls_total`` is
+    reported beside them: SGLang counts it per request when the request finishes."""
     rows = {}
     for mode, n in counts["passes"].items():
-        phase = "decode" if mode.startswith("decode") else "extend"
+        phase = ("verify" if spec else "decode") if mode.startswith("decode") else "extend"
         graph = mode.endswith("cuda_graph")
         ours = sum(1 for s in spans if s["name"] == "sglang." + phase and (s["attrs"].get("sglang.cuda_graph") is True) == graph)
         rows[mode] = {"sglang": n, "probe": ours}
+    out = {"rows": rows, "all_equal": bool(rows) and all(r["sglang"] == r["probe"] for r in rows.values())}
     verify = [s for s in spans if s["name"] == "sglang.verify"]
     if counts.get("verify_calls") is not None:
-        rows["spec_verify_calls(rows)"] = {"sglang": counts["verify_calls"],
-                                           "probe": sum(s["attrs"].get("sglang.batch_size") or 0 for s in verify)}
-    return {"rows": rows, "all_equal": bool(rows) and all(r["sglang"] == r["probe"] for r in rows.values())}
+        out["spec_verify_calls"] = {"sglang_finished_requests": counts["verify_calls"],
+                                    "probe_verify_rows": sum(s["attrs"].get("sglang.batch_size") or 0 for s in verify)}
+    return out
 
 
 # ---- torch profiler ------------------------------------------------------------------------
@@ -195,18 +198,25 @@ def profiler_ratio(spans: list[dict], kernels: list[tuple[int, int]],
                    phases: tuple = ("decode", "extend", "draft", "verify", "draft_extend")) -> dict:
     """The probe's phase durations against the profiler's kernel envelope of the same phases.
 
-    The two clocks (the probe's anchors, Kineto's) may differ by a few microseconds: the offset
-    that puts the most kernels inside phase spans is searched over +-200 us first."""
+    The two clocks (the probe's host/GPU anchors, Kineto's) can differ by a few hundred
+    microseconds. A phase's end is a GPU event recorded right behind its last kernel, so the
+    offset is found by aligning ends: first the offset (+-2 ms) that puts the most kernels inside
+    phase spans, then the median gap between each span's end and its last kernel's end."""
     ph = [s for s in spans if s["name"] in {"sglang." + p for p in phases} and kernels
           and kernels[0][0] - 10**9 <= s["start"] <= kernels[-1][1] + 10**9]
     if not ph or not kernels:
         return {"spans": 0}
     starts = [k[0] for k in kernels]
     # Every offset in a range assigns the same kernels; the envelope does not depend on it.
-    counts = {off: sum(n for *_, n in _assign(ph, starts, kernels, off)) for off in range(-200_000, 200_001, 5_000)}
+    counts = {off: sum(n for *_, n in _assign(ph, starts, kernels, off)) for off in range(-2_000_000, 2_000_001, 10_000)}
     top = max(counts.values())
     tied = [off for off, n in counts.items() if n == top]
     best = tied[len(tied) // 2]
+    for _ in range(3):
+        rows = _assign(ph, starts, kernels, best)
+        if not rows:
+            break
+        best += int(statistics.median(s["end"] - k1 for s, _, k1, _ in rows))
     rows = _assign(ph, starts, kernels, best)
     out: dict = {"clock_offset_us": best / 1000, "spans_matched": len(rows), "spans_in_window": len(ph),
                  "by_phase": {}}

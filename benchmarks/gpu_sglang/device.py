@@ -170,8 +170,14 @@ def concurrent(fn, items: list) -> list:
     return res
 
 
-def base_args(model: Path, *, mem: float, max_bs: int, extra: tuple = (), level: str = "info") -> list[str]:
-    return ["--model-path", str(model), "--attention-backend", "triton", "--sampling-backend", "pytorch",
+def base_args(model: Path, *, mem: float, max_bs: int, extra: tuple = (), level: str = "info",
+              max_tokens: Optional[int] = None) -> list[str]:
+    """``mem`` is SGLang's fraction of the memory free at its start that it may keep: several
+    tiny servers start at once, so each keeps a large margin and caps its KV pool instead
+    (``max_tokens``); otherwise a server started a moment later sees the earlier ones' pools
+    appear during its memory check and refuses to start."""
+    cap = ["--max-total-tokens", str(max_tokens)] if max_tokens else []
+    return [*cap, "--model-path", str(model), "--attention-backend", "triton", "--sampling-backend", "pytorch",
             "--disable-custom-all-reduce", "--mem-fraction-static", str(mem),
             "--cuda-graph-max-bs-decode", str(max_bs), "--cuda-graph-bs-prefill", "16", "32", "64",
             "--random-seed", "0", "--log-level", level, *extra]
@@ -256,7 +262,7 @@ def profile(srv: Server, name: str, out: Path) -> dict:
 def suite_correct(carry: Path, out: Path) -> dict:
     tiny, draft = carry / "models/tiny-llama4-h256", carry / "models/tiny-llama4-h256-eagle3"
     common = ["--decode-log-interval", "1", "--enable-metrics", "--dtype", "float32"]
-    plain = base_args(tiny, mem=0.08, max_bs=8, extra=tuple(common))
+    plain = base_args(tiny, mem=0.5, max_bs=8, extra=tuple(common), max_tokens=65536)
     spec = plain + eagle_args(draft)
     servers = {"plain_on": Server("plain_on", 30010, plain, probe=True, out=out),
                "plain_off": Server("plain_off", 30011, plain, probe=False, out=out),
@@ -302,7 +308,7 @@ def suite_correct(carry: Path, out: Path) -> dict:
         info = result["servers"].get(n, {})
         row = {"span_names": {k: sum(1 for x in spans if x["name"] == k) for k in sorted({x["name"] for x in spans})},
                "graph_flag": analysis.graph_agreement(spans, lines, specmode),
-               "counts": analysis.count_agreement(spans, analysis.metric_counts(info.get("metrics", ""))),
+               "counts": analysis.count_agreement(spans, analysis.metric_counts(info.get("metrics", "")), specmode),
                "profiler": info.get("profiler"),
                "summary_lines": [ln for ln in s.log_text().splitlines() if "sgl-probe summary" in ln][-3:],
                "probe_errors": [ln for ln in s.log_text().splitlines() if "sgl-probe" in ln and ("error" in ln.lower() or "disabl" in ln.lower())][:10],
@@ -442,7 +448,7 @@ def receiver(path: str) -> tuple[subprocess.Popen, str]:
 
 def suite_overhead(carry: Path, out: Path, launches: int) -> dict:
     tiny = carry / "models/tiny-llama4-h256"
-    plain = base_args(tiny, mem=0.04, max_bs=16, level="warning")
+    plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
     received = str(out / "overhead_received.jsonl")
     rec, endpoint = receiver(received)
     otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
@@ -488,6 +494,21 @@ def suite_overhead(carry: Path, out: Path, launches: int) -> dict:
     return {"raw": res, "verdict": verdict}
 
 
+def pack(out: Path, suite: str) -> None:
+    """Logs, span files and profiler traces in one archive (few files come back per call)."""
+    import tarfile
+
+    with tarfile.open(out / f"raw_{suite}.tgz", "w:gz") as tf:
+        for p in sorted(out.glob("*.log")) + sorted(out.glob("*_report*.txt")):
+            tf.add(p, arcname=f"logs/{p.name}")
+            p.unlink()
+        for root in (Path("/tmp/traces"), Path("/tmp/prof")):
+            if root.is_dir():
+                tf.add(root, arcname=root.name)
+    shutil.rmtree("/tmp/traces", ignore_errors=True)
+    shutil.rmtree("/tmp/prof", ignore_errors=True)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead"])
@@ -513,6 +534,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             traceback.print_exc()
             res = {"error": repr(exc)}
         res["wall_s"] = round(time.time() - t, 1)
+        pack(args.out, suite)
         path = args.out / f"gpu_sglang_{args.tag}_{suite}.json"
         path.write_text(json.dumps(res, indent=1, default=str))
         log(f"suite {suite} done in {res['wall_s']}s -> {path.name}")

@@ -38,16 +38,29 @@ def _package_dir(name: str = "sglang") -> Optional[str]:
     mod = sys.modules.get(name)
     origin = getattr(mod, "__file__", None) if mod is not None else None
     if origin is None:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
+        spec = _find_spec_quietly(name)
         if spec is None:
             return None
         origin = spec.origin
         if origin is None and spec.submodule_search_locations:
             return os.path.realpath(list(spec.submodule_search_locations)[0])
     return os.path.dirname(os.path.realpath(origin)) if origin else None
+
+
+def _find_spec_quietly(name: str):
+    """``importlib.util.find_spec`` for a top-level name, minus the probe's own import trigger
+    on the meta path: a lookup of "sglang" would fire it and activate the probe in a process
+    that never imported SGLang."""
+    for finder in sys.meta_path:
+        if type(finder).__name__ == "_SGLangTrigger" or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(name, None)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            return spec
+    return None
 
 
 def _record_hash(path: str) -> str:

@@ -101,20 +101,46 @@ def test_phase_spans_over_otlp(receiver, probe_factory, protocol):
     assert [e.attributes["sgl_probe.snapshot_point"] for e in env] == ["process_start"]
 
 
-def test_trace_ids_shared_across_processes_of_one_run(probe_factory, receiver):
-    """Ranks of one server agree on the trace id of step N because it is derived, not random."""
+def _one_rank(env: dict, tp_rank: int) -> None:
+    """A scheduler process of its own (spawned): its own probe, the run's env, two steps."""
+    import os
+
+    os.environ.update(env)
+    probe = Probe(config.load(), targets=TABLE)
+    probe.instrumentor.instrument()
+    run_steps(workload.Scheduler(None, tp_rank=tp_rank), n_decode=1)
+    probe.pipeline.flush()
+    probe.pipeline.shutdown()
+
+
+def test_trace_ids_shared_across_processes_of_one_run(receiver):
+    """Ranks of one server agree on the trace id of step N because it is derived, not random:
+    two real processes of one run, one per rank, exporting to one receiver."""
+    import multiprocessing
+
     from sgl_probe.spans import derived_trace_id
 
-    probe = probe_factory(receiver.env("grpc"))
-    sched = workload.Scheduler(None, tp_rank=0)
-    run_steps(sched, n_decode=1)
-    probe.pipeline.flush()
-    spans = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 2, timeout=10)
-    steps = sorted((s for s in spans if s.name == "sglang.step"),
-                   key=lambda s: s.attributes["sglang.step_index"])
-    for s in steps:
-        want = derived_trace_id(probe.run_id, "dp0", "step", s.attributes["sglang.step_index"])
-        assert s.trace_id == "%032x" % want
+    run_id = "cross-process-run"
+    env = {**receiver.env("grpc"), "SGL_PROBE_RUN_ID": run_id, "SGL_PROBE_SUMMARY_S": "0",
+           "SGL_PROBE_DRAIN_S": "0.05", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_one_rank, args=(env, rank)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    spans = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 4, timeout=30)
+    by_rank: dict = {}
+    for s in spans:
+        if s.name == "sglang.step":
+            by_rank.setdefault(s.resource["sglang.tp_rank"], {})[s.attributes["sglang.step_index"]] = s
+    assert sorted(by_rank) == [0, 1]
+    assert by_rank[0][1].resource["process.pid"] != by_rank[1][1].resource["process.pid"]
+    assert sorted(by_rank[0]) == sorted(by_rank[1]) == [1, 2]
+    for index in (1, 2):
+        want = "%032x" % derived_trace_id(run_id, "dp0", "step", index)
+        assert by_rank[0][index].trace_id == by_rank[1][index].trace_id == want
 
 
 def test_wrapped_exception_propagates_and_marks_span(probe_factory, receiver):

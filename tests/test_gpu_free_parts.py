@@ -19,7 +19,7 @@ from sgl_probe.testing.receiver import OTLPReceiver
 
 ALLOW = config.DEFAULT_ENV_ALLOW
 
-# What NCCL 2.28 wrote on the H200 (shared/gpu/nccl_env.py), plus lines around it.
+# What NCCL 2.28 wrote on an H200 (a 2-GPU NCCL init with these variables set), plus lines around it.
 NCCL_LOG = """\
 h200:1234:1234 [0] NCCL INFO Bootstrap: Using eth0:10.0.0.2<0>
 h200:1234:1234 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.

@@ -2,12 +2,12 @@
 
 Stdlib only: this module runs under the test runner's Python, not in the venvs.
 
-Recipe (see /work/shared/research/sglang_cpu.md): CPU torch pinned through a
-constraints file, sglang ``--no-deps`` (its declared deps are the CUDA stack),
-the small dependency set that is actually imported when serving a Llama on
-CPU, and two test stand-in packages (``stubs/sgl_kernel``, ``stubs/torchvision``)
-for compiled packages that have no CPU build on PyPI. sglang itself is never
-patched.
+Recipe: torch 2.13.0 pinned through a constraints file (its CPU build where an
+index offers it, see :func:`choose_torch`), sglang ``--no-deps`` (its declared
+deps are the CUDA stack), the small dependency set that is actually imported
+when serving a Llama on CPU, and two test stand-in packages
+(``stubs/sgl_kernel``, ``stubs/torchvision``) for compiled packages that have no
+CPU build on PyPI. sglang itself is never patched.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_DIR = Path(os.environ.get("SGL_PROBE_HARNESS_DIR", REPO_ROOT / ".harness"))
 STUBS_DIR = Path(__file__).resolve().parent / "stubs"
 STUB_PACKAGES = ("sgl_kernel", "torchvision")
-# The venvs need CPython 3.11: the local CPU torch wheel is cp311 only. Kept
+# The Python the venvs are built with (torch 2.13 has wheels for 3.10-3.13). Kept
 # separate from sys.executable so a test runner on another Python still works.
 BASE_PYTHON = os.environ.get("SGL_PROBE_HARNESS_PYTHON", "python3")
 
@@ -37,10 +37,15 @@ BASE_PYTHON = os.environ.get("SGL_PROBE_HARNESS_PYTHON", "python3")
 COMPLETE_MARKER = ".harness-complete"
 STUBS_MARKER = ".harness-stubs"
 
-# Without this pin pip resolves torch through sglang's/compressed-tensors'
-# deps to the multi-GB CUDA build from PyPI; the +cpu wheel of 2.13.0 only
-# exists in this machine kind's local wheel dir.
-TORCH_PIN = "torch==2.13.0+cpu"
+# Without a pin pip resolves torch through sglang's/compressed-tensors' deps to
+# the newest CUDA build. The CPU build (~200 MB) is preferred; PyPI has only the
+# default build of the same version (~900 MB plus CUDA libraries it never loads
+# here), which runs on the CPU just as well.
+TORCH_VERSION = "2.13.0"
+TORCH_PIN = f"torch=={TORCH_VERSION}+cpu"
+TORCH_PYPI_PIN = f"torch=={TORCH_VERSION}"
+#: PyTorch's own index of CPU builds, tried when the configured indexes lack the +cpu wheel.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 _COMMON_DEPS: tuple[str, ...] = (
     "triton==3.7.1",  # imported unconditionally by sglang/srt/utils/common.py
@@ -110,10 +115,31 @@ def _tree_digest(root: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def choose_torch(try_install: Callable[[list[str]], bool]) -> tuple[str, list[str]]:
+    """Install torch and return ``(pin, pip args used)``: the first of
+
+    1. ``torch==2.13.0+cpu`` from the indexes pip is configured with (``PIP_FIND_LINKS``,
+       ``PIP_EXTRA_INDEX_URL``, pip.conf);
+    2. the same from PyTorch's CPU index (short timeout, no retries: it may be unreachable);
+    3. ``torch==2.13.0`` from PyPI.
+
+    ``try_install(args)`` runs ``pip install <args>`` and says whether it succeeded."""
+    attempts = [
+        [TORCH_PIN],
+        ["--extra-index-url", TORCH_CPU_INDEX, "--timeout", "15", "--retries", "0", TORCH_PIN],
+        [TORCH_PYPI_PIN],
+    ]
+    for args in attempts:
+        if try_install(args):
+            return args[-1], args
+    raise RuntimeError(f"torch {TORCH_VERSION} could not be installed from any index (tried "
+                       + "; ".join(" ".join(a) for a in attempts) + ")")
+
+
 def _pip_steps(version: str) -> list[list[str]]:
+    """The installs after torch (the constraints file keeps the torch chosen)."""
     pins = VERSIONS[version]
     return [
-        ["torch==2.13.0"],
         ["--no-deps", f"sglang=={pins['sglang']}"],
         [
             f"transformers=={pins['transformers']}", f"tokenizers=={pins['tokenizers']}",
@@ -126,20 +152,23 @@ def _pip_steps(version: str) -> list[list[str]]:
 
 
 def _spec_fingerprint(version: str) -> str:
-    spec = {"python": BASE_PYTHON, "pin": TORCH_PIN, "steps": _pip_steps(version)}
+    # "torch==2.13.0" first, as the recipe had it before the choice moved to choose_torch: the
+    # fingerprint of existing venvs stays valid (whichever torch they got).
+    spec = {"python": BASE_PYTHON, "pin": TORCH_PIN, "steps": [[TORCH_PYPI_PIN], *_pip_steps(version)]}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _run_logged(cmd: list[str], log_file: Path, what: str) -> None:
+def _run_logged(cmd: list[str], log_file: Path, what: str, check: bool = True) -> bool:
     t0 = time.monotonic()
     with open(log_file, "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
-    if rc != 0:
+    if rc != 0 and check:
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-40:])
         raise RuntimeError(f"{what} failed (rc={rc}); full log: {log_file}\n{tail}")
-    _log(f"  {what}: {time.monotonic() - t0:.0f}s")
+    _log(f"  {what}: {time.monotonic() - t0:.0f}s" + ("" if rc == 0 else f" (failed, rc={rc})"))
+    return rc == 0
 
 
 def _sync_stubs(venv: Path) -> None:
@@ -181,11 +210,15 @@ def _build(version: str, venv: Path, fingerprint: str) -> None:
     _log(f"building {venv} for sglang {version} (log: {log_file})")
     t0 = time.monotonic()
     _run_logged([BASE_PYTHON, "-m", "venv", str(venv)], log_file, f"{BASE_PYTHON} -m venv")
-    constraints = venv / "harness-constraints.txt"
-    constraints.write_text(TORCH_PIN + "\n")
     # `python -m pip` rather than bin/pip: no shebang, so a moved HARNESS_DIR still works
-    pip = [str(venv_python(venv)), "-m", "pip", "install", "--disable-pip-version-check",
-           "-c", str(constraints)]
+    pip = [str(venv_python(venv)), "-m", "pip", "install", "--disable-pip-version-check"]
+    pin, _ = choose_torch(lambda args: _run_logged(pip + args, log_file, f"pip install {args[-1]}"
+                                                   + (" (PyTorch CPU index)" if TORCH_CPU_INDEX in args else ""),
+                                                   check=False))
+    _log(f"  torch: {pin}")
+    constraints = venv / "harness-constraints.txt"
+    constraints.write_text(pin + "\n")
+    pip += ["-c", str(constraints)]
     for step in _pip_steps(version):
         _run_logged(pip + step, log_file, f"pip install {' '.join(step[:2])}{' ...' if len(step) > 2 else ''}")
     _sync_stubs(venv)

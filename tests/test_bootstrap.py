@@ -56,7 +56,7 @@ def venvs(tmp_path_factory):
     (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE_RAN'] = '1'\n")
     script = base / "child.py"
     script.write_text(CHILD_SCRIPT)
-    return {"with": with_probe, "fake": fake, "other": other, "script": script}
+    return {"with": with_probe, "fake": fake, "other": other, "script": script, "wheel": wheel}
 
 
 def run_child(venv: Path, script: Path, env_extra: dict, do_import: bool, prefix: list[str] = ()) -> dict:
@@ -140,3 +140,18 @@ def test_editable_install_maps_the_package_and_the_startup_folder(tmp_path):
     package, startup = out.stdout.split()
     assert package == str(ROOT / "sgl_probe" / "__init__.py")
     assert Path(startup, "sitecustomize.py").read_text() == (ROOT / "sitecustomize" / "sitecustomize.py").read_text()
+
+
+def test_pip_uninstall_leaves_no_startup_file(tmp_path, venvs):
+    """README "Uninstall": ``pip uninstall sgl-probe`` removes the .pth and everything it loads."""
+    venv = fresh_venv(tmp_path / "uninstall", None)
+    pip_install(venv, "--no-deps", str(venvs["wheel"]))
+    sp = site_packages_of(venv)
+    before = {p.name for p in sp.iterdir()}
+    assert {"sgl_probe.pth", "sgl_probe.start", "_sgl_probe_arm.py", "_sgl_probe_startup", "sgl_probe"} <= before
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", "sgl-probe"], check=True)
+    left = {p.name for p in sp.iterdir()} & {"sgl_probe.pth", "sgl_probe.start", "_sgl_probe_arm.py",
+                                            "_sgl_probe_startup", "sgl_probe"}
+    assert not left
+    assert not [p for p in sp.iterdir() if "sgl_probe" in p.name or "sgl-probe" in p.name]
+    assert not list(sp.glob("__pycache__/_sgl_probe_arm*"))  # compiled by every start before

@@ -1,5 +1,5 @@
 """``python -m tests.harness build [VERSION ...]``: prebuild venvs and the tiny model.
-``python -m tests.harness demo``: the README's main job (see demo.py).
+``python -m tests.harness demo``: the main job (see demo.py).
 
 Run from the repo root. Defaults to every known version. The model is always
 built with the 0.5.23 venv (see model.py), so that venv is built too.
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     # no argparse `choices`: with nargs="*" it rejects the empty default on 3.11
     build.add_argument("versions", nargs="*", default=list(VERSIONS),
                        help=f"sglang versions (default: all of {', '.join(VERSIONS)})")
-    sub.add_parser("demo", help="launch a real SGLang server with the probe, send load, print the phase split")
+    sub.add_parser("demo", help="plain and EAGLE-3 SGLang servers side by side with the probe: phases, graph flag, env check, report verdict")
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         from .demo import main as demo_main

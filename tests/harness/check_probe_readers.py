@@ -1,9 +1,9 @@
 """The probe's readers fed SGLang's own objects from the installed version.
 
-Mainly ``sglang.cuda_graph`` = true, which this machine cannot produce for real (no GPU).
+Mainly ``sglang.cuda_graph`` = true, which a CPU-only machine cannot produce for real.
 
 Runs INSIDE an SGLang harness venv where sgl-probe is installed from its wheel; started by
-``tests/test_spec_eagle.py``. On this CPU machine every real step runs without a graph (SGLang's
+``tests/test_spec_eagle.py``. On a CPU machine every real step runs without a graph (SGLang's
 CPU graph runner needs the intel_amx backend on AMX hardware), so the real server can only show
 ``false``. This script shows the ``true`` path through the probe's real code:
 

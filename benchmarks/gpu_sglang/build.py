@@ -106,11 +106,19 @@ def build_sglang_tar(dest: Path) -> None:
     dest.with_suffix(".tmp").rename(dest)
 
 
-def build_probe_wheel(dest: Path) -> Path:
+def build_probe_wheel(dest: Path, ref: str | None = None) -> Path:
+    """The wheel of this checkout, or of git ``ref`` (to measure two probe builds side by side)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(REPO)],
-                   check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = REPO
+        if ref:
+            src = Path(tmp) / "src"
+            src.mkdir()
+            archive = subprocess.run(["git", "archive", ref], cwd=REPO, capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
+                       check=True)
     return next(dest.glob("sgl_probe-*.whl"))
 
 
@@ -157,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / ".carry" / "gpu_sglang")
     ap.add_argument("--probe-only", action="store_true", help="only rebuild the sgl-probe wheel")
+    ap.add_argument("--ref", help="also carry the wheel of this git ref (probe_ref/), measured beside it")
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -170,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         build_sglang_tar(out / f"sglang-{SGLANG_VERSION}.tar.xz")
         build_models(out / "models")
     wheel = build_probe_wheel(out / "probe")
+    if args.ref:
+        build_probe_wheel(out / "probe_ref", args.ref)
+    else:
+        shutil.rmtree(out / "probe_ref", ignore_errors=True)
     size = travelling_bytes(out)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:12]
     print(json.dumps({"carry": str(out), "probe_wheel": wheel.name, "probe_sha256": digest,

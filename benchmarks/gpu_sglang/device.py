@@ -9,10 +9,11 @@ after installing what ``build.py`` carried. Suites:
 - ``seed``: the 32B-class config (dummy weights): baseline with graphs, EAGLE-3 with the verify
   eager (``--disable-cuda-graph``, the seed case) and with graphs; ``sgl-probe report`` verdicts.
 - ``overhead``: output tok/s of the tiny Llama at 16 concurrent requests (launch-bound: the
-  probe's worst case) without the probe, with it exporting every step (OTLP/gRPC + trace dir), and
-  with SGLang's own observability instead; launches alternate (all started together, then each
-  measured alone while the others are stopped with SIGSTOP).
-- ``overhead32b``: the same on/off comparison for the 32B-class config at batch 1 and 8.
+  probe's worst case) without the probe, with it exporting every step (OTLP/gRPC + trace dir), with
+  a reference build of the probe (``build.py --ref``) the same way, and with SGLang's own
+  observability instead; launches alternate (all started together, then each measured alone
+  while the others are stopped with SIGSTOP).
+- ``full``: ``correct`` and ``overhead`` with one shared startup.
 
 Results: ``$OUT/gpu_sglang_<suite>.json`` plus logs. Environment: see ``run.sh``.
 """
@@ -48,8 +49,9 @@ def log(msg: str) -> None:
 class Server:
     """One ``sglang.launch_server`` in its own process group."""
 
-    def __init__(self, name: str, port: int, args: list[str], *, probe: bool, out: Path,
+    def __init__(self, name: str, port: int, args: list[str], *, probe: Optional[str], out: Path,
                  env: Optional[dict] = None) -> None:
+        """``probe``: the folder an sgl-probe wheel was installed to (None: no probe at all)."""
         self.name, self.port, self.args, self.probe = name, port, args, probe
         self.out = out
         self.trace_dir = Path("/tmp/traces") / name
@@ -60,7 +62,7 @@ class Server:
             shutil.rmtree(self.trace_dir, ignore_errors=True)
             self.trace_dir.mkdir(parents=True)
             # The documented PYTHONPATH entry (sitecustomize/) arms the probe from its wheel.
-            self.env.update(PYTHONPATH=f"{REPO}/sitecustomize:{os.environ['SGL_BENCH_PROBE']}:{site}",
+            self.env.update(PYTHONPATH=f"{REPO}/sitecustomize:{probe}:{site}",
                             SGL_PROBE="1", SGL_PROBE_TRACE_DIR=str(self.trace_dir), SGL_PROBE_SUMMARY_S="5")
         else:
             self.env.update(PYTHONPATH=site)
@@ -259,16 +261,44 @@ def profile(srv: Server, name: str, out: Path) -> dict:
     return res
 
 
-def suite_correct(carry: Path, out: Path) -> dict:
+def correctness_servers(carry: Path, out: Path) -> dict:
     tiny, draft = carry / "models/tiny-llama4-h256", carry / "models/tiny-llama4-h256-eagle3"
     common = ["--decode-log-interval", "1", "--enable-metrics", "--dtype", "float32"]
     plain = base_args(tiny, mem=0.5, max_bs=8, extra=tuple(common), max_tokens=65536)
     spec = plain + eagle_args(draft)
-    servers = {"plain_on": Server("plain_on", 30010, plain, probe=True, out=out),
-               "plain_off": Server("plain_off", 30011, plain, probe=False, out=out),
-               "eagle_on": Server("eagle_on", 30012, spec, probe=True, out=out),
-               "eagle_off": Server("eagle_off", 30013, spec, probe=False, out=out)}
-    result: dict = {"servers": {}}
+    probe = os.environ["SGL_BENCH_PROBE"]
+    return {"plain_on": Server("plain_on", 30010, plain, probe=probe, out=out),
+            "plain_off": Server("plain_off", 30011, plain, probe=None, out=out),
+            "eagle_on": Server("eagle_on", 30012, spec, probe=probe, out=out),
+            "eagle_off": Server("eagle_off", 30013, spec, probe=None, out=out)}
+
+
+def correctness_run(servers: dict, ready: dict, out: Path) -> dict:
+    """Loads, profiles and metrics of the four servers, each alone (the others paused)."""
+    result: dict = {"servers": {}, "loads": {}}
+    live = [s for n, s in servers.items() if ready[n]]
+    for s in live:
+        s.pause()
+    for n, s in servers.items():
+        if not ready[n]:
+            continue
+        s.resume()
+        time.sleep(0.5)
+        try:
+            result["loads"][n] = correctness_load(s)
+            if s.probe:
+                result["servers"].setdefault(n, {})["profiler"] = profile(s, n, out)
+            result["servers"].setdefault(n, {})["metrics"] = s.get("/metrics")
+        except Exception as exc:
+            result["servers"].setdefault(n, {})["error"] = repr(exc)
+        time.sleep(6)  # one more summary line, spans exported
+        s.pause()
+    result["ready"] = {n: getattr(s, "ready_s", None) for n, s in servers.items()}
+    return result
+
+
+def suite_correct(carry: Path, out: Path) -> dict:
+    servers = correctness_servers(carry, out)
     try:
         # The first server compiles SGLang's JIT kernels into the shared cache; the rest reuse them.
         first = servers["eagle_on"].start()
@@ -277,23 +307,14 @@ def suite_correct(carry: Path, out: Path) -> dict:
             if s is not first:
                 s.start()
         ready = {n: (s is first and ok_first) or (s is not first and s.wait_ready(240)) for n, s in servers.items()}
-        loads = {n: correctness_load(s) for n, s in servers.items() if ready[n]}
-        for n in ("plain_on", "eagle_on"):
-            if ready[n]:
-                result["servers"][n] = {"profiler": profile(servers[n], n, out)}
-        for n, s in servers.items():
-            if ready[n]:
-                try:
-                    result["servers"].setdefault(n, {})["metrics"] = s.get("/metrics")
-                except Exception as exc:
-                    result["servers"].setdefault(n, {})["metrics_error"] = repr(exc)
-        result["loads"] = loads
-        result["ready"] = {n: getattr(s, "ready_s", None) for n, s in servers.items()}
+        result = correctness_run(servers, ready, out)
     finally:
-        time.sleep(6)  # one more summary line
         for s in servers.values():
             s.stop()
-    # judge
+    return judge_correctness(servers, result)
+
+
+def judge_correctness(servers: dict, result: dict) -> dict:
     res: dict = {"ready_s": result.get("ready")}
     loads = result.get("loads", {})
     res["greedy_identical"] = {
@@ -343,7 +364,7 @@ def suite_seed(carry: Path, out: Path) -> dict:
             "eagle_graph": base_args(big, mem=0.8, max_bs=8, extra=common) + eagle_args(draft, dummy=True)}
     res: dict = {}
     for name, args in runs.items():
-        s = Server(f"seed_{name}", 30020, args, probe=True, out=out).start()
+        s = Server(f"seed_{name}", 30020, args, probe=os.environ["SGL_BENCH_PROBE"], out=out).start()
         try:
             if not s.wait_ready(330):
                 res[name] = {"error": "not ready", "log_tail": s.log_text()[-3000:]}
@@ -446,52 +467,79 @@ def receiver(path: str) -> tuple[subprocess.Popen, str]:
     return proc, endpoint.replace("http://", "")
 
 
-def suite_overhead(carry: Path, out: Path, launches: int) -> dict:
+def overhead_servers(carry: Path, out: Path, launches: int, endpoint: str) -> list:
+    """``launches`` servers per configuration: no probe; the probe exporting every step over
+    OTLP/gRPC and to a trace dir; the reference probe build the same way (when carried); SGLang's
+    own observability (metrics with its device timer, request tracing to the same receiver)."""
     tiny = carry / "models/tiny-llama4-h256"
     plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    received = str(out / "overhead_received.jsonl")
-    rec, endpoint = receiver(received)
     otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
-    configs = {
-        "off": (plain, False, {}),
-        "probe": (plain, True, otlp),
-        "sglang_obs": (plain + ["--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", endpoint],
-                       False, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}),
-    }
-    servers = []
-    port = 30100
+    configs = [("off", plain, None, {}), ("probe", plain, os.environ["SGL_BENCH_PROBE"], otlp)]
+    ref = os.environ.get("SGL_BENCH_PROBE_REF")
+    if ref and Path(ref).is_dir():
+        configs.append(("probe_ref", plain, ref, otlp))
+    configs.append(("sglang_obs", plain + ["--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", endpoint],
+                    None, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}))
+    servers, port = [], 30100
     for i in range(launches):
-        for c, (args, probe, env) in configs.items():
-            servers.append(Server(f"{c}_{i}", port, args, probe=probe, out=out, env=env))
+        for name, args, probe, env in configs:
+            servers.append(Server(f"{name}_{i}", port, args, probe=probe, out=out, env=env))
             port += 1
+    return servers
+
+
+def overhead_run(servers: list, ready: list, launches: int, received: str) -> dict:
+    order = []
+    for i in range(launches):  # the configurations in turn, the order reversed every other launch
+        group = [s for s in ready if s.name.endswith(f"_{i}")]
+        order += group if i % 2 == 0 else group[::-1]
+    raw = alternate(order, conc=16, tokens=128, rounds=3)
+    configs = list(dict.fromkeys(s.name.rsplit("_", 1)[0] for s in servers))
+    verdict = judge(raw, configs)
+    names: dict = {}
+    if os.path.exists(received):
+        with open(received) as fh:
+            for line in fh:
+                d = json.loads(line)
+                key = f"{d.get('service')}:{d['name']}"
+                names[key] = names.get(key, 0) + 1
+    verdict["received_spans"] = names
+    verdict["decode_spans_in_trace_dirs"] = {
+        s.name: sum(1 for x in analysis.read_spans(str(s.trace_dir)) if x["name"] == "sglang.decode")
+        for s in servers if s.probe}
+    return {"raw": raw, "verdict": verdict}
+
+
+def suite_full(carry: Path, out: Path, launches: int, correct: bool = True) -> dict:
+    """Correctness and overhead servers start together (startup is most of a call's time), then
+    each is measured alone while the others are stopped (SIGSTOP)."""
+    received = str(out / "received.jsonl")
+    rec, endpoint = receiver(received)
+    corr = correctness_servers(carry, out) if correct else {}
+    over = overhead_servers(carry, out, launches, endpoint)
+    res: dict = {}
     try:
-        for s in servers:
+        for s in [*corr.values(), *over]:
             s.start()
-        ready = [s for s in servers if s.wait_ready(360)]
-        log(f"{len(ready)}/{len(servers)} ready")
-        # alternate: off, probe, obs, then reversed next launch, ...
-        order = []
-        for i in range(launches):
-            group = [s for s in ready if s.name.endswith(f"_{i}")]
-            order += group if i % 2 == 0 else group[::-1]
-        res = alternate(order, conc=16, tokens=128, rounds=3)
+        ready_all = {s.name: s.wait_ready(420) for s in [*corr.values(), *over]}
+        log(f"{sum(ready_all.values())}/{len(ready_all)} servers ready")
+        for s in [*corr.values(), *over]:
+            if ready_all[s.name]:
+                s.pause()
+        if corr:
+            result = correctness_run(corr, {n: ready_all[n] for n in corr}, out)
+            for s in corr.values():
+                s.stop()
+            res["correct"] = judge_correctness(corr, result)
+        res["overhead"] = overhead_run(over, [s for s in over if ready_all[s.name]], launches, received)
     finally:
-        for s in servers:
+        for s in [*corr.values(), *over]:
             s.stop()
         rec.stdin.close()
         rec.wait(30)
-    verdict = judge(res, list(configs))
-    names: dict = {}
-    with open(received) as fh:
-        for line in fh:
-            d = json.loads(line)
-            key = f"{d.get('service')}:{d['name']}"
-            names[key] = names.get(key, 0) + 1
-    verdict["received_spans"] = names
-    os.remove(received)
-    verdict["spans_in_trace_dirs"] = {s.name: sum(1 for x in analysis.read_spans(str(s.trace_dir)) if x["name"] == "sglang.decode")
-                                      for s in servers if s.probe}
-    return {"raw": res, "verdict": verdict}
+        if os.path.exists(received):
+            os.remove(received)
+    return res
 
 
 def pack(out: Path, suite: str) -> None:
@@ -511,7 +559,7 @@ def pack(out: Path, suite: str) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead"])
+    ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead", "full"])
     ap.add_argument("--carry", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--launches", type=int, default=5)
@@ -526,8 +574,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res = suite_correct(args.carry, args.out)
             elif suite == "seed":
                 res = suite_seed(args.carry, args.out)
+            elif suite == "overhead":
+                res = suite_full(args.carry, args.out, args.launches, correct=False)
             else:
-                res = suite_overhead(args.carry, args.out, args.launches)
+                res = suite_full(args.carry, args.out, args.launches)
         except Exception as exc:
             import traceback
 

@@ -40,6 +40,11 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 T0 = time.time()
+DEADLINE = [float("inf")]  # seconds after T0 by which measuring stops (results still written)
+
+
+def late(margin: float = 0.0) -> bool:
+    return time.time() - T0 > DEADLINE[0] - margin
 
 
 def log(msg: str) -> None:
@@ -57,7 +62,7 @@ class Server:
         self.trace_dir = Path("/tmp/traces") / name
         self.log_path = out / f"{name}.log"
         self.env = dict(os.environ)
-        site = os.environ["SGL_BENCH_SITE"]
+        site = os.environ["GPU_BENCH_SITE"]
         if probe:
             shutil.rmtree(self.trace_dir, ignore_errors=True)
             self.trace_dir.mkdir(parents=True)
@@ -209,7 +214,7 @@ def wait_spans(trace_dir: Path, settle_s: float = 3.0) -> list[dict]:
 
 
 def probe_cli(*args: str) -> str:
-    env = dict(os.environ, PYTHONPATH=f"{os.environ['SGL_BENCH_PROBE']}:{os.environ['SGL_BENCH_SITE']}")
+    env = dict(os.environ, PYTHONPATH=f"{os.environ['GPU_BENCH_PROBE']}:{os.environ['GPU_BENCH_SITE']}")
     proc = subprocess.run([sys.executable, "-m", "sgl_probe.cli", *args], env=env, capture_output=True,
                           text=True, timeout=180)
     return proc.stdout + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
@@ -266,7 +271,7 @@ def correctness_servers(carry: Path, out: Path) -> dict:
     common = ["--decode-log-interval", "1", "--enable-metrics", "--dtype", "float32"]
     plain = base_args(tiny, mem=0.5, max_bs=8, extra=tuple(common), max_tokens=65536)
     spec = plain + eagle_args(draft)
-    probe = os.environ["SGL_BENCH_PROBE"]
+    probe = os.environ["GPU_BENCH_PROBE"]
     return {"plain_on": Server("plain_on", 30010, plain, probe=probe, out=out),
             "plain_off": Server("plain_off", 30011, plain, probe=None, out=out),
             "eagle_on": Server("eagle_on", 30012, spec, probe=probe, out=out),
@@ -364,7 +369,7 @@ def suite_seed(carry: Path, out: Path) -> dict:
             "eagle_graph": base_args(big, mem=0.8, max_bs=8, extra=common) + eagle_args(draft, dummy=True)}
     res: dict = {}
     for name, args in runs.items():
-        s = Server(f"seed_{name}", 30020, args, probe=os.environ["SGL_BENCH_PROBE"], out=out).start()
+        s = Server(f"seed_{name}", 30020, args, probe=os.environ["GPU_BENCH_PROBE"], out=out).start()
         try:
             if not s.wait_ready(330):
                 res[name] = {"error": "not ready", "log_tail": s.log_text()[-3000:]}
@@ -431,6 +436,9 @@ def alternate(servers: list, conc: int, tokens: int, rounds: int) -> dict:
         s.pause()
     res: dict = {}
     for s in servers:
+        if late():
+            log(f"deadline: {s.name} and later launches not measured")
+            break
         s.resume()
         time.sleep(1.0)
         try:
@@ -460,7 +468,7 @@ def judge(res: dict, configs: list[str]) -> dict:
 def receiver(path: str) -> tuple[subprocess.Popen, str]:
     """A real OTLP/gRPC receiver in its own process on localhost (benchmarks/gpu_receiver.py),
     writing what it receives to ``path``; returns it and its ``host:port``."""
-    env = dict(os.environ, PYTHONPATH=f"{os.environ['SGL_BENCH_PROBE']}:{os.environ['SGL_BENCH_SITE']}", SGL_PROBE="0")
+    env = dict(os.environ, PYTHONPATH=f"{os.environ['GPU_BENCH_PROBE']}:{os.environ['GPU_BENCH_SITE']}", SGL_PROBE="0")
     proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/gpu_receiver.py"), path], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     endpoint = proc.stdout.readline().strip()
@@ -474,8 +482,8 @@ def overhead_servers(carry: Path, out: Path, launches: int, endpoint: str) -> li
     tiny = carry / "models/tiny-llama4-h256"
     plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
     otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
-    configs = [("off", plain, None, {}), ("probe", plain, os.environ["SGL_BENCH_PROBE"], otlp)]
-    ref = os.environ.get("SGL_BENCH_PROBE_REF")
+    configs = [("off", plain, None, {}), ("probe", plain, os.environ["GPU_BENCH_PROBE"], otlp)]
+    ref = os.environ.get("GPU_BENCH_PROBE_REF")
     if ref and Path(ref).is_dir():
         configs.append(("probe_ref", plain, ref, otlp))
     configs.append(("sglang_obs", plain + ["--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", endpoint],
@@ -564,7 +572,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--tag", default="run")
+    ap.add_argument("--deadline-s", type=float, default=float("inf"),
+                    help="stop measuring after this many seconds, keeping what was measured")
     args = ap.parse_args(argv)
+    DEADLINE[0] = args.deadline_s
     args.out.mkdir(parents=True, exist_ok=True)
     for suite in args.suites:
         log(f"suite {suite}")

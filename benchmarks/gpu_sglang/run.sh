@@ -17,7 +17,7 @@ export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_JIT_CACHE_DIR=/tmp/sgljit
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 # "Decode batch [N]": SGLang's per-batch log lines carry the iteration number.
 export SGLANG_LOG_FORWARD_ITERS=1
-export SGL_BENCH_SITE=/tmp/site SGL_BENCH_PROBE=/tmp/probe SGL_BENCH_PROBE_REF=/tmp/probe_ref
+export GPU_BENCH_SITE=/tmp/site GPU_BENCH_PROBE=/tmp/probe GPU_BENCH_PROBE_REF=/tmp/probe_ref
 t0=$(date +%s)
 if [ ! -d /tmp/site/sglang ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$CARRY"/whl/*.whl 2>&1 | grep -v "Target directory" | tail -3

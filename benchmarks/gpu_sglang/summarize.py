@@ -1,0 +1,93 @@
+"""Fold one GPU run's suite results into ``benchmarks/results/gpu_sglang_<run>.json``:
+
+    python3 benchmarks/gpu_sglang/summarize.py RUN RESULT_DIR [RESULT_DIR ...]
+
+RESULT_DIR holds what ``run.sh`` wrote (``machine.txt``, ``gpu_sglang_<tag>_<suite>.json``). The
+summary has the fields every run is compared by: versions, GPU, graph-flag / accept-length /
+count agreement, greedy identity, profiler ratios, the seed case and the overhead ratios.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _agreement(parts: list) -> dict:
+    agree = sum(p.get("agree", 0) for p in parts)
+    total = sum(max(p.get("spans", p.get("verify_spans", 0)), p.get("log_lines", 0)) for p in parts)
+    return {"agree": agree, "total": total, "ratio": agree / total if total else None}
+
+
+def summarize(run: str, dirs: list[str]) -> dict:
+    suites: dict = {}
+    machine = ""
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "gpu_sglang_*.json"))):
+            data = json.loads(Path(path).read_text())
+            if "correct" in data or "overhead" in data:  # the "full" suite nests both
+                suites.update({k: v for k, v in data.items() if k in ("correct", "overhead")})
+            else:
+                suites[Path(path).stem.rsplit("_", 1)[1]] = data
+        m = Path(d, "machine.txt")
+        if m.exists():
+            machine = m.read_text()
+    lines = [ln for ln in machine.splitlines() if ln and "warn" not in ln.lower()]
+    out: dict = {"run": run, "gpu": lines[0] if lines else None,
+                 "versions": next((ln for ln in lines if ln.startswith("torch")), None)}
+    out["sglang_version"] = (out["versions"] or "").partition("sglang ")[2].split(" ")[0] or None
+    c = suites.get("correct")
+    if c:
+        servers = [c[n] for n in ("plain_on", "eagle_on") if n in c]
+        flags = [part for s in servers for k, part in s["graph_flag"].items() if isinstance(part, dict)]
+        out["graph_flag_agreement"] = _agreement(flags)
+        out["greedy_identical"] = c.get("greedy_identical")
+        acc = c.get("eagle_on", {}).get("accept_length")
+        out["accept_length_agreement"] = _agreement([acc]) if acc else None
+        out["counts_equal_sglang_counters"] = {n: c[n]["counts"].get("all_equal") for n in ("plain_on", "eagle_on") if n in c}
+        out["profiler_ratio"] = {n: (c[n].get("profiler") or {}).get("by_phase") for n in ("plain_on", "eagle_on") if n in c}
+        out["no_graph_reasons"] = {n: c[n].get("no_graph_reasons") for n in ("plain_on", "eagle_on") if n in c}
+        out["start_kinds"] = {n: c[n].get("start_kinds") for n in ("plain_on", "eagle_on") if n in c}
+        out["phase_p50_ms_tiny"] = {n: c[n].get("p50_ms") for n in ("plain_on", "eagle_on") if n in c}
+    s = suites.get("seed")
+    if s:
+        seed: dict = {"decode_p50_ms": s.get("baseline", {}).get("p50_ms", {}).get("decode")}
+        for name in ("eagle_eager", "eagle_graph"):
+            r = s.get(name, {})
+            verdict = ((r.get("report_json") or {}).get("speculative") or {}).get("verdict") or {}
+            seed[name] = {"p50_ms": {k: v for k, v in (r.get("p50_ms") or {}).items() if v is not None},
+                          "graph_share": r.get("graph_share"),
+                          "verdict": {k: verdict.get(k) for k in ("speedup", "tau", "break_even", "t_decode", "t_verify",
+                                                                  "t_draft", "t_draft_extend", "verify_no_graph", "wins")
+                                      if k in verdict} or None,
+                          "verdict_line": next((ln.strip() for ln in (r.get("report_tail") or "").splitlines()
+                                                if ln.strip().startswith("=>")), None)}
+        out["seed_case"] = seed
+    o = suites.get("overhead")
+    if o:
+        v = o.get("verdict", {})
+        out["overhead"] = {k: {kk: v[k].get(kk) for kk in ("median_ratio", "ci95", "slowdown_off_over_on", "p99_step_ratio", "launches")}
+                           for k in v if isinstance(v[k], dict) and "median_ratio" in v[k]}
+        out["overhead"]["tok_s_per_launch"] = v.get("tok_s_per_launch")
+        out["overhead"]["received_spans"] = v.get("received_spans")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    res = summarize(args[0], args[1:])
+    path = ROOT / "benchmarks" / "results" / f"gpu_sglang_{args[0]}.json"
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res, indent=1)[:4000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

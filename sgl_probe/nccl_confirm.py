@@ -37,8 +37,6 @@ SET_LINE = re.compile(r"\b(NCCL_[A-Z0-9_]+) set by environment to (.*?)\s*$")
 INIT_DONE = re.compile(r"\bInit COMPLETE\b")
 _INT_WITH_DOT = re.compile(r"-?\d+\.")
 
-#: NCCL debug levels from quiet to loud; INFO is the least that prints the ENV lines.
-_LEVELS = ("", "NONE", "VERSION", "WARN", "INFO", "ABORT", "TRACE")
 _DEBUG_VARS = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 
 

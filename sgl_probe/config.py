@@ -28,6 +28,7 @@ class Config:
     max_pending: int = 8192
     drain_interval_s: float = 0.2
     nccl_confirm: bool = False
+    metrics: str = "auto"  # auto (what SGLang's --enable-metrics / OTEL_* ask for) | off
     problems: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -114,6 +115,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         drain_interval_s=get("SGL_PROBE_DRAIN_S", _parse_pos_float, defaults.drain_interval_s,
                              "a number of seconds > 0"),
         nccl_confirm=get("SGL_PROBE_NCCL_CONFIRM", _parse_bool, False, "1/true/yes/on or 0/false/no/off"),
+        metrics=get("SGL_PROBE_METRICS", _parse_choice(("auto", "off")), "auto", "auto, off"),
         problems=tuple(problems),
     )
     for line in problems:

@@ -122,3 +122,28 @@ ENV_NCCL_CONFIRM = "SGL_PROBE_NCCL_CONFIRM"
 DEFAULT_ENV_ALLOW = ("NCCL_", "CUDA_", "TORCH_", "SGLANG_", "OMP_", "PYTORCH_")
 #: A name matching this is never captured with its value, whatever the allow-list says.
 SECRET_NAME_PATTERN = r"TOKEN|KEY|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE"
+
+# --- metrics (Prometheus through SGLang's /metrics, and OTLP) --------------------------------
+#: Family names, shared by both exporters; Prometheus exposes counters with ``_total`` and
+#: histograms as ``_bucket`` / ``_count`` / ``_sum``.
+METRIC_PHASE_SECONDS = "sgl_probe_phase_seconds"            # histogram, every phase of every step
+METRIC_STEPS = "sgl_probe_steps"                            # counter (sgl_probe_steps_total)
+METRIC_ACCEPT_LENGTH = "sgl_probe_spec_accept_length"       # histogram, verify phases
+METRIC_DROPPED = "sgl_probe_dropped"                        # counter (sgl_probe_dropped_total)
+METRIC_SPEC_SPEEDUP = "sgl_probe_spec_speedup"              # gauge: live verdict vs decode
+METRIC_SPEC_BREAK_EVEN = "sgl_probe_spec_break_even_accept_length"  # gauge: break-even tau
+METRIC_COUNTERS = (METRIC_STEPS, METRIC_DROPPED)
+METRIC_HISTOGRAMS = (METRIC_PHASE_SECONDS, METRIC_ACCEPT_LENGTH)
+METRIC_GAUGES = (METRIC_SPEC_SPEEDUP, METRIC_SPEC_BREAK_EVEN)
+#: Labels of the phase histogram; the other metrics carry ``RANK_LABELS`` (steps also
+#: ``forward_mode``).
+RANK_LABELS = RANKS
+PHASE_LABELS = ("phase", "forward_mode", "cuda_graph") + RANK_LABELS
+#: 0.1 ms to 10 s, at most 50 % apart, so p50 / p99 of a 3 ms decode and a 30 s stall both resolve.
+PHASE_SECONDS_BUCKETS = tuple(round(m * 10.0 ** e, 6) for e in range(-4, 1)
+                              for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8)) + (10.0,)
+#: Accept length tau: 1 (nothing accepted) up to a few dozen draft tokens.
+ACCEPT_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0,
+                         12.0, 16.0, 24.0, 32.0)
+ENV_METRICS = "SGL_PROBE_METRICS"
+METRICS_VALUES = ("auto", "off")

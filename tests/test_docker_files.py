@@ -125,7 +125,7 @@ def test_sglang_service_gpu_model_and_spec_flags_are_variables(docs):
     cmd = interpolate(svc["command"], {"MODEL_PATH": "/models/llama", "TP": "2",
                                        "SPEC_ARGS": "--speculative-algorithm EAGLE3 --speculative-num-steps 3"})
     assert cmd.split() == ["python3", "-m", "sglang.launch_server", "--model-path", "/models/llama", "--tp", "2",
-                           "--host", "0.0.0.0", "--port", "30000", "--speculative-algorithm", "EAGLE3",
+                           "--host", "0.0.0.0", "--port", "30000", "--enable-metrics", "--speculative-algorithm", "EAGLE3",
                            "--speculative-num-steps", "3"]
     assert "--model-path Qwen/Qwen2.5-0.5B-Instruct --tp 1" in " ".join(interpolate(svc["command"], {}).split())
     build = svc["build"]

@@ -9,7 +9,7 @@ Public names (imported lazily, so the pytest plugin costs nothing until it is us
   ``env_propagation_problems``, ``EnvPropagationError``, ``EnvProblem``.
 - ``EnvSnapshot``, ``EnvSnapshots``, ``env_snapshots``, ``phase_spans``, ``nccl_confirmations``
   (the same queries on any list of received spans), ``ServerExited``.
-- ``OTLPReceiver``, ``ReceivedSpan`` (:mod:`sgl_probe.testing.receiver`).
+- ``OTLPReceiver``, ``ReceivedSpan``, ``ReceivedMetric`` (:mod:`sgl_probe.testing.receiver`).
 
 The pytest plugin itself is :mod:`sgl_probe.testing.plugin` (entry point ``pytest11: sgl_probe``).
 """
@@ -32,6 +32,7 @@ _EXPORTS = {
     "EnvPropagationError": "assertions",
     "EnvProblem": "assertions",
     "OTLPReceiver": "receiver",
+    "ReceivedMetric": "receiver",
     "ReceivedSpan": "receiver",
 }
 

@@ -1,12 +1,17 @@
-"""In-process OTLP trace receiver for tests.
+"""In-process OTLP trace and metrics receiver for tests.
 
 Listens on loopback for OTLP/gRPC and OTLP/HTTP (protobuf or JSON) so that servers started in
-other processes can export spans with the stock OpenTelemetry SDK exporters, pointed here with
-``OTLPReceiver.env()``. Every payload is decoded with the ``opentelemetry-proto`` messages.
+other processes can export spans and metrics with the stock OpenTelemetry SDK exporters, pointed
+here with ``OTLPReceiver.env()``. Every payload is decoded with the ``opentelemetry-proto``
+messages.
 
     with OTLPReceiver() as receiver:
-        subprocess.run(cmd, env={**os.environ, **receiver.env("grpc")})
+        subprocess.run(cmd, env={**os.environ, **receiver.env("grpc", signals=("traces", "metrics"))})
         receiver.wait_for(lambda spans: any(s.name == "decode" for s in spans), timeout=10)
+        receiver.wait_for_metrics(lambda points: any(p.name == "x" for p in points), timeout=10)
+
+Metrics arrive as one :class:`ReceivedMetric` per data point (cumulative exporters resend every
+point each interval; :meth:`OTLPReceiver.latest_metrics` keeps the newest per series).
 """
 
 from __future__ import annotations
@@ -28,24 +33,27 @@ from urllib.parse import urlsplit
 
 import grpc
 from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 
-__all__ = ["OTLPReceiver", "ReceivedSpan"]
+__all__ = ["OTLPReceiver", "ReceivedMetric", "ReceivedSpan"]
 
 _Request = trace_service_pb2.ExportTraceServiceRequest
 _Response = trace_service_pb2.ExportTraceServiceResponse
+_MetricsRequest = metrics_service_pb2.ExportMetricsServiceRequest
+_MetricsResponse = metrics_service_pb2.ExportMetricsServiceResponse
 
 _TRACES_PATH = "/v1/traces"
+_METRICS_PATH = "/v1/metrics"
 _PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 _JSON_TYPE = "application/json"
 _SERVICE = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_name
+_METRICS_SERVICE = metrics_service_pb2.DESCRIPTOR.services_by_name["MetricsService"].full_name
 # Large batches from a busy server must not trip gRPC's 4 MiB default and look like lost spans.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
-_ENDPOINT_VAR = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-_PROTOCOL_VAR = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-_INSECURE_VAR = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
+_SIGNALS = ("traces", "metrics")
 _PROTOCOLS = ("grpc", "http/protobuf")
 
 # OTLP/JSON spells these as hex, where proto3 JSON (json_format) expects base64 for bytes fields.
@@ -75,6 +83,32 @@ class ReceivedSpan:
         return (self.end_ns - self.start_ns) / 1e6
 
 
+@dataclass
+class ReceivedMetric:
+    """One data point of one metric, as exported (cumulative points repeat every interval)."""
+
+    name: str
+    kind: str  # "sum" | "gauge" | "histogram" | "exponential_histogram" | "summary"
+    unit: str
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    scope: str
+    start_ns: int
+    time_ns: int
+    transport: str  # "grpc" | "http"
+    value: float | int | None = None  # sum and gauge points
+    count: int | None = None  # histogram-like points
+    sum: float | None = None
+    bucket_counts: list[int] = field(default_factory=list)  # per bucket, not cumulative
+    explicit_bounds: list[float] = field(default_factory=list)
+    monotonic: bool | None = None  # sums only
+    temporality: int = 0  # AggregationTemporality proto enum: 1 delta, 2 cumulative
+
+    def series(self) -> tuple:
+        """What identifies the time series: name, attributes and resource."""
+        return (self.name, tuple(sorted(self.attributes.items())), tuple(sorted(self.resource.items())))
+
+
 class _Reject(Exception):
     """A request the receiver answers with an HTTP error status and logs in ``errors``."""
 
@@ -92,6 +126,7 @@ class OTLPReceiver:
         self.errors: list[str] = []
         self._requested_ports = (grpc_port, http_port)
         self._spans: list[ReceivedSpan] = []
+        self._metrics: list[ReceivedMetric] = []
         self._payloads: list[bytes] = []
         self._cond = threading.Condition()
         self._grpc_server: grpc.Server | None = None
@@ -128,9 +163,14 @@ class OTLPReceiver:
         handler = grpc.unary_unary_rpc_method_handler(
             self._export, request_deserializer=None, response_serializer=_Response.SerializeToString
         )
+        metrics_handler = grpc.unary_unary_rpc_method_handler(
+            self._export_metrics, request_deserializer=None,
+            response_serializer=_MetricsResponse.SerializeToString,
+        )
         server = grpc.server(
             ThreadPoolExecutor(max_workers=8, thread_name_prefix="otlp-grpc"),
-            handlers=[grpc.method_handlers_generic_handler(_SERVICE, {"Export": handler})],
+            handlers=[grpc.method_handlers_generic_handler(_SERVICE, {"Export": handler}),
+                      grpc.method_handlers_generic_handler(_METRICS_SERVICE, {"Export": metrics_handler})],
             options=[
                 # SO_REUSEPORT would let a fixed port be "bound" twice, splitting spans between two receivers.
                 ("grpc.so_reuseport", 0),
@@ -174,14 +214,32 @@ class OTLPReceiver:
     def http_endpoint(self) -> str:
         return f"http://{_host_port(self.host, self._port(self.http_port))}{_TRACES_PATH}"
 
-    def env(self, protocol: str = "grpc") -> dict[str, str]:
-        if protocol == "grpc":
-            return {_ENDPOINT_VAR: self.grpc_endpoint, _PROTOCOL_VAR: "grpc", _INSECURE_VAR: "true"}
-        if protocol == "http/protobuf":
-            # The signal-specific endpoint variable is used verbatim, so it carries the /v1/traces path.
-            return {_ENDPOINT_VAR: self.http_endpoint, _PROTOCOL_VAR: "http/protobuf"}
-        accepted = ", ".join(repr(p) for p in _PROTOCOLS)
-        raise ValueError(f"unknown OTLP protocol {protocol!r}; accepted: {accepted}")
+    @property
+    def http_metrics_endpoint(self) -> str:
+        return f"http://{_host_port(self.host, self._port(self.http_port))}{_METRICS_PATH}"
+
+    def env(self, protocol: str = "grpc", signals: Iterable[str] = ("traces",)) -> dict[str, str]:
+        """The ``OTEL_EXPORTER_OTLP_<SIGNAL>_*`` variables that point the SDK exporters here.
+
+        With ``"metrics"`` in ``signals`` this also sets ``OTEL_METRICS_EXPORTER=otlp``."""
+        if protocol not in _PROTOCOLS:
+            accepted = ", ".join(repr(p) for p in _PROTOCOLS)
+            raise ValueError(f"unknown OTLP protocol {protocol!r}; accepted: {accepted}")
+        out: dict[str, str] = {}
+        for signal in signals:
+            if signal not in _SIGNALS:
+                accepted = ", ".join(repr(s) for s in _SIGNALS)
+                raise ValueError(f"unknown OTLP signal {signal!r}; accepted: {accepted}")
+            var = f"OTEL_EXPORTER_OTLP_{signal.upper()}_"
+            if protocol == "grpc":
+                out.update({var + "ENDPOINT": self.grpc_endpoint, var + "PROTOCOL": "grpc", var + "INSECURE": "true"})
+            else:
+                # The signal-specific endpoint variable is used verbatim, so it carries the /v1/<signal> path.
+                endpoint = self.http_endpoint if signal == "traces" else self.http_metrics_endpoint
+                out.update({var + "ENDPOINT": endpoint, var + "PROTOCOL": "http/protobuf"})
+            if signal == "metrics":
+                out["OTEL_METRICS_EXPORTER"] = "otlp"
+        return out
 
     @staticmethod
     def _port(port: int) -> int:
@@ -198,10 +256,32 @@ class OTLPReceiver:
     def wait_for(
         self, predicate: Callable[[list[ReceivedSpan]], bool], timeout: float = 30.0
     ) -> list[ReceivedSpan]:
+        return self._wait(self._spans, predicate, timeout, "wait_for", "span(s)")
+
+    def metrics(self, name: str | None = None) -> list[ReceivedMetric]:
+        """Every data point received, in arrival order."""
+        with self._cond:
+            return [m for m in self._metrics if name is None or m.name == name]
+
+    def latest_metrics(self, name: str | None = None) -> list[ReceivedMetric]:
+        """The newest point of each series (cumulative exporters resend all points)."""
+        latest: dict[tuple, ReceivedMetric] = {}
+        for point in self.metrics(name):
+            key = point.series()
+            if key not in latest or point.time_ns >= latest[key].time_ns:
+                latest[key] = point
+        return list(latest.values())
+
+    def wait_for_metrics(
+        self, predicate: Callable[[list[ReceivedMetric]], bool], timeout: float = 30.0
+    ) -> list[ReceivedMetric]:
+        return self._wait(self._metrics, predicate, timeout, "wait_for_metrics", "metric point(s)")
+
+    def _wait(self, items: list, predicate: Callable[[list], bool], timeout: float, who: str, what: str) -> list:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                snapshot = list(self._spans)
+                snapshot = list(items)
                 if predicate(snapshot):
                     return snapshot
                 remaining = deadline - time.monotonic()
@@ -209,16 +289,18 @@ class OTLPReceiver:
                     break
                 self._cond.wait(remaining)
             errors = list(self.errors)
-        summary = _summary(snapshot, errors)
-        raise TimeoutError(f"OTLPReceiver.wait_for: predicate still false after {timeout:g}s; {summary}")
+        summary = _summary(snapshot, errors, what)
+        raise TimeoutError(f"OTLPReceiver.{who}: predicate still false after {timeout:g}s; {summary}")
 
     def raw_payloads(self) -> list[bytes]:
+        """Every payload received (traces and metrics), decompressed."""
         with self._cond:
             return list(self._payloads)
 
     def clear(self) -> None:
         with self._cond:
             self._spans.clear()
+            self._metrics.clear()
             self._payloads.clear()
             self.errors.clear()  # in place: callers may hold a reference to the list
 
@@ -239,19 +321,30 @@ class OTLPReceiver:
             self._spans.extend(spans)
             self._cond.notify_all()
 
+    def _accept_metrics(self, points: list[ReceivedMetric]) -> None:
+        with self._cond:
+            self._metrics.extend(points)
+            self._cond.notify_all()
+
     def _export(self, raw: bytes, context: grpc.ServicerContext) -> Any:
+        return self._grpc_intake(raw, context, _TRACES)
+
+    def _export_metrics(self, raw: bytes, context: grpc.ServicerContext) -> Any:
+        return self._grpc_intake(raw, context, _METRICS)
+
+    def _grpc_intake(self, raw: bytes, context: grpc.ServicerContext, signal: "_Signal") -> Any:
         # Never raise out of here: a failing servicer would only surface as an opaque UNKNOWN status.
         try:
             self._keep_payload(raw)
-            spans = _decode(_Request.FromString(raw), "grpc")
+            items = signal.decode(signal.request.FromString(raw), "grpc")
         except Exception as exc:
-            message = f"malformed ExportTraceServiceRequest ({len(raw)} bytes): {_describe(exc)}"
+            message = f"malformed {signal.request.__name__} ({len(raw)} bytes): {_describe(exc)}"
             self._error(f"grpc: {message}")
             context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
             context.set_details(message[:500])
-            return _Response()
-        self._accept(spans)
-        return _Response()
+            return signal.response()
+        signal.accept(self, items)
+        return signal.response()
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -285,8 +378,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _post(self, receiver: OTLPReceiver) -> None:
         raw = self._read_body()  # always drained, so an error reply is not lost to a connection reset
-        if urlsplit(self.path).path != _TRACES_PATH:
-            raise _Reject(404, f"not found; OTLP/HTTP traces go to POST {_TRACES_PATH}")
+        signal = _BY_PATH.get(urlsplit(self.path).path)
+        if signal is None:
+            raise _Reject(404, f"not found; OTLP/HTTP traces go to POST {_TRACES_PATH}, "
+                               f"metrics to POST {_METRICS_PATH}")
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         try:
             body = _decompress(raw, self.headers.get("Content-Encoding"))
@@ -297,17 +392,17 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Reject(400, f"cannot decompress body ({len(raw)} bytes): {_describe(exc)}") from exc
         receiver._keep_payload(body)
         try:
-            request = _parse(body, content_type)
-            spans = _decode(request, "http")
+            request = _parse(body, content_type, signal)
+            items = signal.decode(request, "http")
         except _Reject:
             raise
         except Exception as exc:
             raise _Reject(400, f"malformed {content_type} body ({len(body)} bytes): {_describe(exc)}") from exc
-        receiver._accept(spans)
+        signal.accept(receiver, items)
         if content_type == _JSON_TYPE:
-            self._reply(200, content_type, json_format.MessageToJson(_Response()).encode())
+            self._reply(200, content_type, json_format.MessageToJson(signal.response()).encode())
         else:
-            self._reply(200, content_type, _Response().SerializeToString())
+            self._reply(200, content_type, signal.response().SerializeToString())
 
     def _read_body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -350,14 +445,15 @@ def _decompress(body: bytes, encoding: str | None) -> bytes:
     raise _Reject(415, f"unsupported Content-Encoding {encoding!r}")
 
 
-def _parse(body: bytes, content_type: str) -> Any:
+def _parse(body: bytes, content_type: str, signal: "_Signal") -> Any:
     if content_type in _PROTOBUF_TYPES:
-        return _Request.FromString(body)
+        return signal.request.FromString(body)
     if content_type == _JSON_TYPE:
         payload = json.loads(body)
-        _hex_ids_to_base64(payload)
+        if signal is _TRACES:
+            _hex_ids_to_base64(payload)
         # Receivers must tolerate fields from newer OTLP versions, per the OTLP spec.
-        return json_format.ParseDict(payload, _Request(), ignore_unknown_fields=True)
+        return json_format.ParseDict(payload, signal.request(), ignore_unknown_fields=True)
     accepted = ", ".join((*_PROTOBUF_TYPES, _JSON_TYPE))
     raise _Reject(415, f"unsupported Content-Type {content_type!r}; accepted: {accepted}")
 
@@ -433,6 +529,52 @@ def _decode(request: Any, transport: str) -> list[ReceivedSpan]:
     return spans
 
 
+_POINT_KINDS = ("sum", "gauge", "histogram", "exponential_histogram", "summary")
+
+
+def _decode_metrics(request: Any, transport: str) -> list[ReceivedMetric]:
+    points: list[ReceivedMetric] = []
+    for resource_metrics in request.resource_metrics:
+        resource = _attributes(resource_metrics.resource.attributes)
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                if kind not in _POINT_KINDS:
+                    continue
+                data = getattr(metric, kind)
+                for dp in data.data_points:
+                    point = ReceivedMetric(
+                        name=metric.name, kind=kind, unit=metric.unit,
+                        attributes=_attributes(dp.attributes), resource=dict(resource),
+                        scope=scope_metrics.scope.name, start_ns=dp.start_time_unix_nano,
+                        time_ns=dp.time_unix_nano, transport=transport,
+                        temporality=int(getattr(data, "aggregation_temporality", 0)),
+                    )
+                    if kind in ("sum", "gauge"):
+                        point.value = getattr(dp, dp.WhichOneof("value")) if dp.WhichOneof("value") else None
+                        point.monotonic = bool(data.is_monotonic) if kind == "sum" else None
+                    else:
+                        point.count, point.sum = int(dp.count), float(dp.sum)
+                        if kind == "histogram":
+                            point.bucket_counts = [int(c) for c in dp.bucket_counts]
+                            point.explicit_bounds = [float(b) for b in dp.explicit_bounds]
+                    points.append(point)
+    return points
+
+
+@dataclass(frozen=True)
+class _Signal:
+    request: Any
+    response: Any
+    decode: Callable[[Any, str], list]
+    accept: Callable[[OTLPReceiver, list], None]
+
+
+_TRACES = _Signal(_Request, _Response, _decode, OTLPReceiver._accept)
+_METRICS = _Signal(_MetricsRequest, _MetricsResponse, _decode_metrics, OTLPReceiver._accept_metrics)
+_BY_PATH = {_TRACES_PATH: _TRACES, _METRICS_PATH: _METRICS}
+
+
 def _attributes(key_values: Iterable[common_pb2.KeyValue]) -> dict[str, Any]:
     return {kv.key: _any_value(kv.value) for kv in key_values}
 
@@ -454,9 +596,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _summary(spans: list[ReceivedSpan], errors: list[str]) -> str:
-    counts = Counter(s.name for s in spans)
-    text = f"received {len(spans)} span(s)"
+def _summary(items: list, errors: list[str], what: str = "span(s)") -> str:
+    counts = Counter(item.name for item in items)
+    text = f"received {len(items)} {what}"
     if counts:
         text += ": " + ", ".join(f"{name!r} x{n}" for name, n in counts.most_common())
     if errors:

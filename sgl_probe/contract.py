@@ -139,7 +139,7 @@ METRIC_GAUGES = (METRIC_SPEC_SPEEDUP, METRIC_SPEC_BREAK_EVEN)
 #: ``forward_mode``).
 RANK_LABELS = RANKS
 PHASE_LABELS = ("phase", "forward_mode", "cuda_graph") + RANK_LABELS
-#: 0.1 ms to 10 s, at most 50 % apart, so p50 / p99 of a 3 ms decode and a 30 s stall both resolve.
+#: 0.1 ms to 10 s, neighbours at most 1.5x apart: a 0.2 ms decode and a 5 s stall both resolve.
 PHASE_SECONDS_BUCKETS = tuple(round(m * 10.0 ** e, 6) for e in range(-4, 1)
                               for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8)) + (10.0,)
 #: Accept length tau: 1 (nothing accepted) up to a few dozen draft tokens.

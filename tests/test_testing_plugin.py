@@ -345,7 +345,7 @@ def test_malformed_payloads_get_errors_and_never_break_the_fixture(sgl_probe_col
     assert _post(url, b'{"resourceSpans": 7}', "application/json") == 400
     assert _post(url, b"not gzip", "application/x-protobuf", **{"Content-Encoding": "gzip"}) == 400
     assert _post(url, b"{}", "text/plain") == 415
-    assert _post(base + "/v1/metrics", b"", "application/x-protobuf") == 404
+    assert _post(base + "/v1/logs", b"", "application/x-protobuf") == 404
     # A client that promises more bytes than it sends and hangs up.
     host, port = base[len("http://"):].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as s:

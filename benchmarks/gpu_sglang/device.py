@@ -275,7 +275,9 @@ def correctness_servers(carry: Path, out: Path) -> dict:
     return {"plain_on": Server("plain_on", 30010, plain, probe=probe, out=out),
             "plain_off": Server("plain_off", 30011, plain, probe=None, out=out),
             "eagle_on": Server("eagle_on", 30012, spec, probe=probe, out=out),
-            "eagle_off": Server("eagle_off", 30013, spec, probe=None, out=out)}
+            "eagle_off": Server("eagle_off", 30013, spec, probe=None, out=out),
+            # every phase without a graph, for a reason SGLang's flag gives
+            "plain_nograph": Server("plain_nograph", 30014, plain + ["--disable-cuda-graph"], probe=probe, out=out)}
 
 
 def correctness_run(servers: dict, ready: dict, out: Path) -> dict:
@@ -326,9 +328,12 @@ def judge_correctness(servers: dict, result: dict) -> dict:
         "plain": "plain_on" in loads and "plain_off" in loads and outputs_of(loads["plain_on"]) == outputs_of(loads["plain_off"]),
         "eagle": "eagle_on" in loads and "eagle_off" in loads and outputs_of(loads["eagle_on"]) == outputs_of(loads["eagle_off"]),
         "eagle_vs_plain": "eagle_on" in loads and "plain_off" in loads and outputs_of(loads["eagle_on"]) == outputs_of(loads["plain_off"]),
+        "no_graph_vs_graph": "plain_nograph" in loads and "plain_off" in loads and outputs_of(loads["plain_nograph"]) == outputs_of(loads["plain_off"]),
     }
-    for n, specmode in (("plain_on", False), ("eagle_on", True)):
+    for n, specmode in (("plain_on", False), ("eagle_on", True), ("plain_nograph", False)):
         s = servers[n]
+        if n not in result["loads"]:
+            continue
         spans = analysis.read_spans(str(s.trace_dir))
         lines = analysis.parse_batch_lines(s.log_text())
         info = result["servers"].get(n, {})
@@ -344,7 +349,8 @@ def judge_correctness(servers: dict, result: dict) -> dict:
             if x["name"].startswith("sglang.") and x["name"] != "sglang.step":
                 ph = x["name"][7:]
                 if a.get("sglang.cuda_graph") is False:
-                    key = f"{ph}:{a.get('sglang.no_graph_reason')}"
+                    bs = a.get("sglang.batch_size") or 0
+                    key = f"{ph}:bs{'>8' if bs > 8 else '<=8'}:{a.get('sglang.no_graph_reason')}"
                     row["no_graph_reasons"][key] = row["no_graph_reasons"].get(key, 0) + 1
                 key = f"{ph}:{a.get('sgl_probe.start')}"
                 row["start_kinds"][key] = row["start_kinds"].get(key, 0) + 1

@@ -1,7 +1,8 @@
 """The hot path: what a wrapped SGLang call costs while the server runs.
 
 On entry: read a few attributes, take the clock, start the timer. On exit: stop the timer and
-append. Resolution (waiting for GPU events), span building and export happen on the drain thread
+append; a phase that ran without a graph also reads why from SGLang's objects
+(:mod:`sgl_probe.no_graph`), which a phase with a graph never pays for. Resolution (waiting for GPU events), span building and export happen on the drain thread
 (:mod:`sgl_probe.export`); nothing here blocks, syncs the device or does I/O.
 
 The wrapped methods are built here (``Recorder.step_method`` and friends), as plain functions that

@@ -6,13 +6,18 @@ Two outputs, each only when the user asked for it:
   ``PROMETHEUS_MULTIPROC_DIR`` before spawning its schedulers and serves every process's
   prometheus_client files from there. The probe writes its series into the same directory (one
   file set per process, ranks as labels): no port of its own. See :mod:`sgl_probe.metrics_prom`.
-- OTLP metrics through the OpenTelemetry metrics SDK when ``OTEL_METRICS_EXPORTER`` names
-  ``otlp`` or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. See :mod:`sgl_probe.metrics_otlp`.
+- OTLP metrics when ``OTEL_METRICS_EXPORTER`` names ``otlp`` or
+  ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. See :mod:`sgl_probe.metrics_otlp`.
 
 ``SGL_PROBE_METRICS=off`` turns both off. Whichever process receives resolved steps builds one
 :class:`PhaseMetrics` per rank with :func:`phase_metrics` and calls ``observe_step`` for each
-step. A failure in a sink costs one log line and switches the metrics off; it never reaches the
-caller.
+step, and ``flush`` now and then when idle.
+
+Steps are aggregated here, in plain Python (a bisect and a few additions per phase, about a
+microsecond); the sinks get cumulative snapshots at most once per ``flush_s``. Recording into
+prometheus_client's multiprocess files or the OpenTelemetry SDK's instruments per step costs
+tens of microseconds per phase (BENCHMARKS.md, "Metrics path"). A failure in a sink costs one
+log line and switches the metrics off; it never reaches the caller.
 """
 
 from __future__ import annotations
@@ -20,24 +25,72 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+import time
+from bisect import bisect_left
+from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence
 
-from sgl_probe.contract import RANK_LABELS
+from sgl_probe.contract import ACCEPT_LENGTH_BUCKETS, PHASE_SECONDS_BUCKETS, RANK_LABELS
 from sgl_probe.resolved import ResolvedStep
 
 log = logging.getLogger("sgl_probe")
 
-Observe = Callable[[float], None]
+_INF = float("inf")
+
+
+class Hist:
+    """Cumulative histogram of one series; ``counts[i]`` holds values in (bounds[i-1], bounds[i]]
+    (the last slot is above every bound), as prometheus_client stores its buckets."""
+
+    __slots__ = ("labels", "bounds", "counts", "sum", "min", "max")
+
+    def __init__(self, labels: dict[str, str], bounds: Sequence[float]) -> None:
+        self.labels = labels
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.min = _INF
+        self.max = -_INF
+
+    def add(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
+    def frozen(self) -> "HistPoint":
+        return HistPoint(self.labels, tuple(self.bounds), tuple(self.counts), self.sum, self.min, self.max)
+
+
+class HistPoint(NamedTuple):
+    labels: dict
+    bounds: tuple
+    counts: tuple
+    sum: float
+    min: float
+    max: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class Snapshot(NamedTuple):
+    """Cumulative totals of one rank since ``start_ns``, as the sinks receive them."""
+
+    ranks: dict
+    start_ns: int
+    time_ns: int
+    phases: tuple          # HistPoint per (phase, forward_mode, cuda_graph)
+    steps: tuple           # (labels, count) per forward_mode
+    accept_length: Optional[HistPoint]
+    dropped: int
+    verdict: Optional[tuple]  # (speedup, break_even) or None while unknown
 
 
 class Sink(Protocol):
-    """One output. Each method binds a label set once and returns the callable used per step."""
-
-    def phase(self, labels: Mapping[str, str]) -> Observe: ...        # seconds
-    def steps(self, labels: Mapping[str, str]) -> Observe: ...        # increment
-    def accept_length(self, labels: Mapping[str, str]) -> Observe: ...
-    def dropped(self, labels: Mapping[str, str]) -> Observe: ...      # increment
-    def verdict(self, labels: Mapping[str, str], speedup: float, break_even: float) -> None: ...
+    def update(self, snap: Snapshot) -> None: ...
     def shutdown(self, timeout_s: float) -> None: ...
 
 
@@ -47,85 +100,82 @@ def rank_labels(ident: Mapping[str, Any]) -> dict[str, str]:
     return {k: "" if ident.get(k) is None else str(ident[k]) for k in RANK_LABELS}
 
 
-def _fan_out(bound: Sequence[Observe]) -> Observe:
-    if len(bound) == 1:
-        return bound[0]
-
-    def call(value: float) -> None:
-        for fn in bound:
-            fn(value)
-
-    return call
-
-
 class PhaseMetrics:
-    """The metrics of one rank (a scheduler process, or one rank's stream in an exporter)."""
+    """The metrics of one rank (a scheduler process, or one rank's stream in an exporter).
+    Not thread-safe: call it from the one thread that receives the rank's steps."""
 
-    def __init__(self, ident: Mapping[str, Any], sinks: Sequence[Sink]) -> None:
+    def __init__(self, ident: Mapping[str, Any], sinks: Sequence[Sink], flush_s: float = 1.0) -> None:
         self.sinks = list(sinks)
         self.ranks = rank_labels(ident)
+        self.flush_ns = int(flush_s * 1e9)
         self.failed = False
-        self._phase: dict[tuple, Observe] = {}
-        self._steps: dict[Optional[str], Observe] = {}
-        self._accept: Optional[Observe] = None
-        self._dropped: Optional[Observe] = None
-        self._dropped_seen = 0
-
-    def _bind(self, method: str, labels: dict[str, str]) -> Observe:
-        return _fan_out([getattr(sink, method)(labels) for sink in self.sinks])
+        self.start_ns = time.time_ns()
+        self._phase: dict[tuple, Hist] = {}
+        self._steps: dict[Optional[str], list] = {}
+        self._accept: Optional[Hist] = None
+        self._dropped = 0
+        self._verdict: Optional[tuple] = None
+        self._dirty = False
+        self._last_flush = time.monotonic_ns()
 
     def observe_step(self, step: ResolvedStep) -> None:
         """Count the step and time each of its phases; never raises."""
         if self.failed:
             return
         try:
-            inc = self._steps.get(step.mode)
-            if inc is None:
-                inc = self._steps[step.mode] = self._bind(
-                    "steps", {"forward_mode": step.mode or "unknown", **self.ranks})
-            inc(1)
+            steps = self._steps.get(step.mode)
+            if steps is None:
+                steps = self._steps[step.mode] = [{"forward_mode": step.mode or "unknown", **self.ranks}, 0]
+            steps[1] += 1
             for ph in step.phases:
-                key = (ph.phase, ph.mode, ph.graph)
-                observe = self._phase.get(key)
-                if observe is None:
-                    observe = self._phase[key] = self._bind("phase", {
+                hist = self._phase.get((ph.phase, ph.mode, ph.graph))
+                if hist is None:
+                    hist = self._phase[(ph.phase, ph.mode, ph.graph)] = Hist({
                         "phase": ph.phase, "forward_mode": ph.mode or "unknown",
-                        "cuda_graph": "true" if ph.graph else "false", **self.ranks})
-                observe((ph.end_ns - ph.start_ns) / 1e9)
+                        "cuda_graph": "true" if ph.graph else "false", **self.ranks}, PHASE_SECONDS_BUCKETS)
+                hist.add((ph.end_ns - ph.start_ns) / 1e9)
                 if ph.accept_length is not None:
                     if self._accept is None:
-                        self._accept = self._bind("accept_length", dict(self.ranks))
-                    self._accept(ph.accept_length)
+                        self._accept = Hist(dict(self.ranks), ACCEPT_LENGTH_BUCKETS)
+                    self._accept.add(ph.accept_length)
+            self._dirty = True
+            if time.monotonic_ns() - self._last_flush >= self.flush_ns:
+                self.flush()
         except Exception as exc:
             self._fail("observe_step", exc)
 
     def set_dropped(self, total: int) -> None:
         """The rank's total of dropped steps so far (the counter follows it up)."""
-        if self.failed:
-            return
-        try:
-            delta = total - self._dropped_seen
-            if delta > 0:
-                if self._dropped is None:
-                    self._dropped = self._bind("dropped", dict(self.ranks))
-                self._dropped(delta)
-                self._dropped_seen = total
-        except Exception as exc:
-            self._fail("set_dropped", exc)
+        if total > self._dropped:
+            self._dropped = total
+            self._dirty = True
 
     def set_verdict(self, verdict: Any) -> None:
         """The live speculative verdict (anything with ``speedup`` and ``break_even``, e.g. the
-        summary's), or None when it is not known for the current window (the gauges read NaN)."""
-        if self.failed:
+        summary's), or None when it is not known for the current window."""
+        value = None if verdict is None else (float(verdict.speedup), float(verdict.break_even))
+        if value != self._verdict:
+            self._verdict = value
+            self._dirty = True
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            self.ranks, self.start_ns, time.time_ns(), tuple(h.frozen() for h in self._phase.values()),
+            tuple((labels, n) for labels, n in self._steps.values()),
+            self._accept.frozen() if self._accept is not None else None, self._dropped, self._verdict)
+
+    def flush(self) -> None:
+        """Hand the totals to the sinks if anything changed; never raises."""
+        self._last_flush = time.monotonic_ns()
+        if self.failed or not self._dirty:
             return
-        nan = float("nan")
-        speedup = nan if verdict is None else float(verdict.speedup)
-        break_even = nan if verdict is None else float(verdict.break_even)
+        self._dirty = False
         try:
+            snap = self.snapshot()
             for sink in self.sinks:
-                sink.verdict(self.ranks, speedup, break_even)
+                sink.update(snap)
         except Exception as exc:
-            self._fail("set_verdict", exc)
+            self._fail("flush", exc)
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.failed = True
@@ -171,7 +221,8 @@ def phase_metrics(ident: Mapping[str, Any], resource: Any = None, mode: str = "a
 
 
 def shutdown(timeout_s: float = 3.0) -> None:
-    """Push what the OTLP sink holds; bounded, for the process's exit path."""
+    """Push what the OTLP sink holds; bounded, for the process's exit path (flush the
+    ``PhaseMetrics`` first)."""
     with _LOCK:
         sinks = _SINKS[1] if _SINKS is not None and _SINKS[0] == os.getpid() else []
     for sink in sinks:

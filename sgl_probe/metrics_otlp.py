@@ -1,24 +1,28 @@
-"""Phase metrics over OTLP, through the OpenTelemetry metrics SDK.
+"""Phase metrics over OTLP, with the OpenTelemetry SDK's metric data model and OTLP exporters.
 
 On only when asked: ``OTEL_METRICS_EXPORTER`` names ``otlp``, or
 ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. The generic ``OTEL_EXPORTER_OTLP_ENDPOINT`` alone
 (what trace setups set) does not turn metrics on: a trace-only backend such as Jaeger would
-reject every export and fill the server log. Endpoint, protocol, headers, the export interval
-(``OTEL_METRIC_EXPORT_INTERVAL``) and temporality follow the standard variables. The same names
-and bucket bounds as the Prometheus series, so one dashboard reads either path.
+reject every export and fill the server log. Endpoint, protocol, headers, compression and the
+export interval and timeout (``OTEL_METRIC_EXPORT_INTERVAL`` / ``_TIMEOUT``) follow the standard
+variables; temporality is cumulative. Same names and bucket bounds as the Prometheus series, so
+one dashboard reads either path.
+
+The SDK's instruments are not used: they clean and hash the attributes on every ``record``
+(tens of microseconds per phase); :class:`sgl_probe.metrics.PhaseMetrics` aggregates instead,
+and this sink turns its snapshots into ``MetricsData`` for the exporter, on its own thread.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from functools import partial
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from sgl_probe import __version__
 from sgl_probe.contract import (
-    ACCEPT_LENGTH_BUCKETS, METRIC_ACCEPT_LENGTH, METRIC_DROPPED, METRIC_PHASE_SECONDS,
-    METRIC_SPEC_BREAK_EVEN, METRIC_SPEC_SPEEDUP, METRIC_STEPS, PHASE_SECONDS_BUCKETS,
+    METRIC_ACCEPT_LENGTH, METRIC_DROPPED, METRIC_PHASE_SECONDS, METRIC_SPEC_BREAK_EVEN,
+    METRIC_SPEC_SPEEDUP, METRIC_STEPS,
 )
 
 log = logging.getLogger("sgl_probe")
@@ -45,68 +49,122 @@ def protocol(environ: Mapping[str, str]) -> str:
     return raw
 
 
+def _millis(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        val = int(float(raw))
+        if val <= 0:
+            raise ValueError
+        return val
+    except ValueError:
+        log.warning("sgl-probe: ignoring %s=%r: accepted values are milliseconds > 0; using %d",
+                    name, raw, default)
+        return default
+
+
 class OtlpSink:
-    """One MeterProvider for the process; ranks are attributes on every data point."""
+    """Exports the latest snapshot of every rank every ``interval_ms``."""
 
-    def __init__(self, exporter: Any, resource: Any = None) -> None:
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+    def __init__(self, exporter: Any, resource: Any = None, interval_ms: int = 60_000,
+                 timeout_ms: int = 30_000) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-        self.reader = PeriodicExportingMetricReader(exporter)
-        views = [View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(bounds))
-                 for name, bounds in ((METRIC_PHASE_SECONDS, PHASE_SECONDS_BUCKETS),
-                                      (METRIC_ACCEPT_LENGTH, ACCEPT_LENGTH_BUCKETS))]
-        kwargs = {} if resource is None else {"resource": resource}
-        # Not the SDK's own atexit shutdown: an unreachable collector must not hold the worker's
-        # exit (see shutdown()).
-        self.provider = MeterProvider(metric_readers=[self.reader], views=views, shutdown_on_exit=False,
-                                      **kwargs)
-        meter = self.provider.get_meter("sgl_probe", __version__)
-        self._phase = meter.create_histogram(
-            METRIC_PHASE_SECONDS, unit="s", description="GPU time of each SGLang phase per scheduler step.")
-        self._steps = meter.create_counter(METRIC_STEPS, unit="{step}", description="Scheduler steps measured.")
-        self._accept = meter.create_histogram(
-            METRIC_ACCEPT_LENGTH, unit="{token}", description="Speculative accept length per verify step.")
-        self._dropped = meter.create_counter(METRIC_DROPPED, unit="{step}", description="Steps dropped.")
-        self._verdicts: dict[tuple, tuple[float, float]] = {}
+        self.exporter = exporter
+        self.resource = resource if resource is not None else Resource.create({})
+        self.scope = InstrumentationScope("sgl_probe", __version__)
+        self.interval_s = interval_ms / 1000
+        self.timeout_ms = timeout_ms
+        self._latest: dict[tuple, Any] = {}
+        self._exported: dict[tuple, Any] = {}
         self._lock = threading.Lock()
-        meter.create_observable_gauge(METRIC_SPEC_SPEEDUP, [partial(self._observe, 0)], unit="1",
-                                      description="Live speculative-decoding speed-up over plain decode.")
-        meter.create_observable_gauge(METRIC_SPEC_BREAK_EVEN, [partial(self._observe, 1)], unit="{token}",
-                                      description="Accept length at which speculative decoding breaks even.")
+        self._export_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
 
-    def phase(self, labels: Mapping[str, str]):
-        return partial(self._phase.record, attributes=dict(labels))
-
-    def steps(self, labels: Mapping[str, str]):
-        return partial(self._steps.add, attributes=dict(labels))
-
-    def accept_length(self, labels: Mapping[str, str]):
-        return partial(self._accept.record, attributes=dict(labels))
-
-    def dropped(self, labels: Mapping[str, str]):
-        return partial(self._dropped.add, attributes=dict(labels))
-
-    def verdict(self, labels: Mapping[str, str], speedup: float, break_even: float) -> None:
-        key = tuple(sorted(labels.items()))
+    def update(self, snap) -> None:
         with self._lock:
-            if speedup != speedup:  # NaN: not known now; report nothing rather than NaN
-                self._verdicts.pop(key, None)
-            else:
-                self._verdicts[key] = (speedup, break_even)
+            self._latest[tuple(snap.ranks.values())] = snap
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sgl-probe-metrics", daemon=True)
+                self._thread.start()
 
-    def _observe(self, which: int, options: Any = None) -> Iterable:
-        from opentelemetry.metrics import Observation
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.export()
 
-        with self._lock:
-            items = list(self._verdicts.items())
-        return [Observation(values[which], dict(key)) for key, values in items]
+    def export(self) -> None:
+        """One export of every rank whose totals changed since the last one."""
+        with self._export_lock:
+            with self._lock:
+                snaps = [s for k, s in self._latest.items() if self._exported.get(k) is not s]
+            if not snaps:
+                return
+            try:
+                result = self.exporter.export(self.metrics_data(snaps), timeout_millis=self.timeout_ms)
+            except Exception as exc:  # the exporter logs its own transport errors; this is anything else
+                log.warning("sgl-probe: OTLP metrics export failed: %r", exc)
+                return
+            if getattr(result, "name", "") == "SUCCESS":
+                for s in snaps:
+                    self._exported[tuple(s.ranks.values())] = s
+
+    def metrics_data(self, snaps: list) -> Any:
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality, Gauge, Histogram, HistogramDataPoint, Metric, MetricsData,
+            NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,
+        )
+
+        cumulative = AggregationTemporality.CUMULATIVE
+        phase, accept, steps, dropped, speedup, break_even = [], [], [], [], [], []
+        for s in snaps:
+            def hist_point(h):
+                return HistogramDataPoint(
+                    attributes=h.labels, start_time_unix_nano=s.start_ns, time_unix_nano=s.time_ns,
+                    count=h.count, sum=h.sum, bucket_counts=list(h.counts), explicit_bounds=list(h.bounds),
+                    min=h.min, max=h.max)
+
+            def number(value, labels):
+                return NumberDataPoint(attributes=labels, start_time_unix_nano=s.start_ns,
+                                       time_unix_nano=s.time_ns, value=value)
+
+            phase += [hist_point(h) for h in s.phases]
+            if s.accept_length is not None:
+                accept.append(hist_point(s.accept_length))
+            steps += [number(n, labels) for labels, n in s.steps]
+            dropped.append(number(s.dropped, s.ranks))
+            if s.verdict is not None:
+                speedup.append(number(s.verdict[0], s.ranks))
+                break_even.append(number(s.verdict[1], s.ranks))
+        metrics = [
+            Metric(METRIC_PHASE_SECONDS, "GPU time of each SGLang phase per scheduler step.", "s",
+                   Histogram(phase, cumulative)),
+            Metric(METRIC_STEPS, "Scheduler steps measured.", "{step}", Sum(steps, cumulative, True)),
+            Metric(METRIC_DROPPED, "Steps dropped.", "{step}", Sum(dropped, cumulative, True)),
+        ]
+        if accept:
+            metrics.append(Metric(METRIC_ACCEPT_LENGTH, "Speculative accept length per verify step.", "{token}",
+                                  Histogram(accept, cumulative)))
+        if speedup:
+            metrics += [
+                Metric(METRIC_SPEC_SPEEDUP, "Live speculative-decoding speed-up over plain decode.", "1",
+                       Gauge(speedup)),
+                Metric(METRIC_SPEC_BREAK_EVEN, "Accept length at which speculative decoding breaks even.",
+                       "{token}", Gauge(break_even)),
+            ]
+        return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(self.scope, metrics, "")], "")])
 
     def shutdown(self, timeout_s: float) -> None:
         """One last export, bounded: it runs on a daemon thread that is given ``timeout_s``."""
-        t = threading.Thread(target=self.provider.shutdown, kwargs={"timeout_millis": timeout_s * 1000},
-                             name="sgl-probe-metrics-shutdown", daemon=True)
+        self._stop.set()
+
+        def finish() -> None:
+            self.export()
+            self.exporter.shutdown()
+
+        t = threading.Thread(target=finish, name="sgl-probe-metrics-shutdown", daemon=True)
         t.start()
         t.join(timeout_s)
 
@@ -120,4 +178,10 @@ def exporter(environ: Mapping[str, str]) -> Any:
 
 
 def from_env(environ: Mapping[str, str], resource: Any = None) -> Optional[OtlpSink]:
-    return OtlpSink(exporter(environ), resource) if wanted(environ) else None
+    """A sink when the variables ask for OTLP metrics; the exporter reads its own settings from
+    ``os.environ`` (as every OpenTelemetry exporter does)."""
+    if not wanted(environ):
+        return None
+    return OtlpSink(exporter(environ), resource,
+                    _millis(environ, "OTEL_METRIC_EXPORT_INTERVAL", 60_000),
+                    _millis(environ, "OTEL_METRIC_EXPORT_TIMEOUT", 30_000))

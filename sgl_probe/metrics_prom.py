@@ -49,22 +49,49 @@ class PrometheusSink:
         self._break_even = Gauge(
             METRIC_SPEC_BREAK_EVEN, "Accept length at which speculative decoding breaks even now.",
             RANK_LABELS, multiprocess_mode="mostrecent", **reg)
+        self._pushed: dict[tuple, Any] = {}
 
-    def phase(self, labels: Mapping[str, str]):
-        return self._phase.labels(**labels).observe
+    def update(self, snap) -> None:
+        """Add what changed since the last snapshot of the same series (``Snapshot`` totals are
+        cumulative; the multiprocess files are too)."""
+        hists = [(h, self._phase) for h in snap.phases]
+        if snap.accept_length is not None:
+            hists.append((snap.accept_length, self._accept))
+        for hist, family in hists:
+            key = (id(family), tuple(hist.labels.values()))
+            before = self._pushed.get(key)
+            if before is not None and before.counts == hist.counts:
+                continue
+            child = family.labels(**hist.labels)
+            # No public way to add a batch of observations: the child's own values, which the
+            # multiprocess files back (the same two that Histogram.observe() increments).
+            buckets, total = child._buckets, child._sum
+            if len(buckets) != len(hist.counts):
+                raise RuntimeError("prometheus_client histogram layout changed: %d buckets, expected %d"
+                                   % (len(buckets), len(hist.counts)))
+            for i, n in enumerate(hist.counts):
+                delta = n - (before.counts[i] if before is not None else 0)
+                if delta:
+                    buckets[i].inc(delta)
+            total.inc(hist.sum - (before.sum if before is not None else 0.0))
+            self._pushed[key] = hist
+        for labels, n in snap.steps:
+            self._add(self._steps, labels, n)
+        if snap.dropped:
+            self._add(self._dropped, snap.ranks, snap.dropped)
+        key = ("verdict", tuple(snap.ranks.values()))
+        if self._pushed.get(key, None) != snap.verdict and (snap.verdict is not None or key in self._pushed):
+            speedup, break_even = snap.verdict or (float("nan"), float("nan"))  # NaN: not known now
+            self._speedup.labels(**snap.ranks).set(speedup)
+            self._break_even.labels(**snap.ranks).set(break_even)
+            self._pushed[key] = snap.verdict
 
-    def steps(self, labels: Mapping[str, str]):
-        return self._steps.labels(**labels).inc
-
-    def accept_length(self, labels: Mapping[str, str]):
-        return self._accept.labels(**labels).observe
-
-    def dropped(self, labels: Mapping[str, str]):
-        return self._dropped.labels(**labels).inc
-
-    def verdict(self, labels: Mapping[str, str], speedup: float, break_even: float) -> None:
-        self._speedup.labels(**labels).set(speedup)
-        self._break_even.labels(**labels).set(break_even)
+    def _add(self, counter: Any, labels: dict, total: int) -> None:
+        key = (id(counter), tuple(labels.values()))
+        delta = total - self._pushed.get(key, 0)
+        if delta > 0:
+            counter.labels(**labels).inc(delta)
+            self._pushed[key] = total
 
     def shutdown(self, timeout_s: float) -> None:
         pass  # every value is already in its file

@@ -77,6 +77,7 @@ for i in range(n):
 m.set_dropped(2); m.set_dropped(5)
 class V: speedup = 0.75 + rank; break_even = 3.0
 m.set_verdict(V)
+m.flush()
 """
 
 
@@ -166,6 +167,7 @@ def test_otlp_metrics_reach_the_receiver(protocol, monkeypatch):
             m.observe_step(spec_step(5, accept=3.0))
             m.set_dropped(4)
             m.set_verdict(Verdict)
+            m.flush()
 
             def done(points):
                 return any(p.name == contract.METRIC_PHASE_SECONDS and p.count == 5 for p in points) \
@@ -240,23 +242,50 @@ def test_a_failing_sink_costs_one_line_and_disables_the_metrics(caplog):
     calls = []
 
     class Broken:
-        def phase(self, labels):
-            def observe(value):
-                calls.append(value)
-                raise OSError("disk full")
-            return observe
+        def update(self, snap):
+            calls.append(snap)
+            raise OSError("disk full")
 
-        steps = accept_length = dropped = lambda self, labels: (lambda v: None)
-
-    m = metrics.PhaseMetrics(RANKS, [Broken()])
+    m = metrics.PhaseMetrics(RANKS, [Broken()], flush_s=0)
     with caplog.at_level(logging.WARNING, logger="sgl_probe"):
         for i in range(3):
             m.observe_step(step(i, phase("decode", 1.0)))
         m.set_dropped(3)
         m.set_verdict(Verdict)
+        m.flush()
     assert m.failed and len(calls) == 1
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "metrics disabled" in lines[0] and "disk full" in lines[0], lines
+
+
+def test_batched_flushes_equal_prometheus_clients_own_observe():
+    """The sink adds aggregated deltas to prometheus_client's histogram values: the exposition must
+    be the one that observe() per value gives, bucket edges, both ends and repeated flushes included."""
+    from prometheus_client import Histogram
+
+    from sgl_probe.metrics_prom import PrometheusSink
+
+    values_ms = [0.05, 0.1, 0.12, 3.0, 3.0000001, 4.0, 250.0, 9999.0, 10000.0, 25000.0]
+    ours = CollectorRegistry()
+    m = metrics.PhaseMetrics(RANKS, [PrometheusSink(registry=ours)], flush_s=3600)
+    ref = CollectorRegistry()
+    hist = Histogram(contract.METRIC_PHASE_SECONDS, "ref", contract.PHASE_LABELS,
+                     buckets=contract.PHASE_SECONDS_BUCKETS, registry=ref)
+    for rnd in range(3):
+        for i, ms in enumerate(values_ms[rnd::2]):
+            st = step(i, phase("decode", ms, True))
+            m.observe_step(st)
+            hist.labels(phase="decode", forward_mode="DECODE", cuda_graph="true", **metrics.rank_labels(RANKS)) \
+                .observe((st.phases[0].end_ns - st.phases[0].start_ns) / 1e9)
+        m.flush()
+
+    def series(reg):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples(generate_latest(reg).decode())
+                if s.name.startswith(contract.METRIC_PHASE_SECONDS) and not s.name.endswith("_created")}
+
+    got, want = series(ours), series(ref)
+    assert got.keys() == want.keys() and len(got) == len(contract.PHASE_SECONDS_BUCKETS) + 3
+    assert {k: pytest.approx(v) for k, v in got.items()} == want
 
 
 # --- the Grafana dashboard against the code ---------------------------------------------------
@@ -270,6 +299,7 @@ def exported_series() -> tuple[set, set]:
     m.observe_step(spec_step(1))
     m.set_dropped(1)
     m.set_verdict(Verdict)
+    m.flush()
     got = samples(generate_latest(reg).decode())
     return {s.name for s in got}, {k for s in got for k in s.labels}
 

@@ -204,8 +204,7 @@ def off_hot_path_costs(env: Env, p_hot, sched_hot, batch, rcv_env: dict, n: int 
     t0, c0 = time.perf_counter(), time.process_time()
     done = p_exp.pipeline.drain()
     t1, c1 = time.perf_counter(), time.process_time()
-    for proc in p_exp.pipeline.processors:
-        proc.force_flush(60000)
+    p_exp.pipeline.sink.flush(60.0)
     t2, c2 = time.perf_counter(), time.process_time()
     k = 1e6 / max(done, 1)
     out["drain_with_bsp_us_per_step"] = (t1 - t0) * k

@@ -53,7 +53,8 @@ class _Timer:
 
 def _rank_file(trace_dir: str, rank: int, n_spans: int, seed: int) -> int:
     from sgl_probe import config, envsnap, spans as spans_mod
-    from sgl_probe.export import JsonLinesExporter, make_resource
+    from sgl_probe.drain import resolve_step
+    from sgl_probe.sinks import JsonLinesExporter, make_resource
     from sgl_probe.readers import Facts
     from sgl_probe.recorder import PhaseRecord, StepRecord
 
@@ -102,7 +103,7 @@ def _rank_file(trace_dir: str, rank: int, n_spans: int, seed: int) -> int:
             t = ph.t_end + int(0.05e6)
         st.host1 = t + int(0.1e6)
         now = st.host1 + int(0.5e6)
-        buf += spans_mod.build_step_spans(st, timer, RUN_ID, ident, spec, resource)[1]
+        buf += spans_mod.build_step_spans(resolve_step(st, timer), RUN_ID, ident, spec, resource)
         if len(buf) >= BATCH:
             exporter.export(buf[:BATCH])
             written += BATCH

@@ -130,7 +130,7 @@ class Probe:
             return
         self._fingerprint_started = True
         pipeline = self.ensure_pipeline()
-        if not pipeline.processors:
+        if pipeline.sink is None:
             return  # nowhere to send it: spend nothing
         import threading
 

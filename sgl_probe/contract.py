@@ -50,6 +50,10 @@ NO_GRAPH_REASONS = (
     "runner_refused",      # the graph runner's can_run() said no for another reason
     "unknown",
 )
+#: On a ``sglang.step`` span the trace sampler would have dropped: why it was kept anyway.
+KEPT = "sgl_probe.kept"
+#: ... because the step took longer than the running p99 of its forward mode (tail-based keep).
+KEPT_SLOW = "slow"
 FORWARD_MODE = "sglang.forward_mode"
 BATCH_SIZE = "sglang.batch_size"
 NUM_TOKENS = "sglang.num_tokens"

@@ -1,164 +1,96 @@
-"""Off the hot path: resolve finished records, build spans, hand them to exporters, log a summary.
+"""Off the hot path: the drain thread resolves finished records, feeds the summary line (and
+anything else that watches every step), samples, and hands the kept steps to a sink.
 
-Exporters follow the standard OpenTelemetry variables (``OTEL_EXPORTER_OTLP_*``,
-``OTEL_TRACES_SAMPLER*``, ``OTEL_SERVICE_NAME``, ``OTEL_BSP_*``). With no endpoint configured
-nothing goes over the network. ``SGL_PROBE_TRACE_DIR`` adds one OTLP-JSON-lines file per process.
-Every exporter sits behind the SDK's bounded BatchSpanProcessor, so a slow or unreachable
-collector costs dropped spans, never a blocked scheduler step.
+With no OTLP endpoint and no ``SGL_PROBE_TRACE_DIR`` there is no sink: nothing is built or sent,
+the summary line still counts every step. The sink never blocks the drain thread: what does not
+fit is dropped and counted (``dropped=`` on the summary line).
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import Decision
-
-from sgl_probe import __version__, spans as spans_mod
-from sgl_probe.resolved import ResolvedPhase
+from sgl_probe import sinks
+from sgl_probe.contract import ENV_SPAN
+from sgl_probe.drain import release_step, resolve_step, step_ready
+from sgl_probe.resolved import ResolvedStep
+from sgl_probe.sampling import StepSampling
 from sgl_probe.summary import Summary
 
 log = logging.getLogger("sgl_probe")
 
-_PROTOCOLS = ("grpc", "http/protobuf")
 
+class InProcessSink:
+    """Spans built and exported in this process (the fallback when no exporter process runs)."""
 
-class JsonLinesExporter(SpanExporter):
-    """One OTLP/JSON ``ExportTraceServiceRequest`` per line (ids as hex, as OTLP/JSON wants)."""
+    def __init__(self, cfg, run_id: str, ident: dict, spec: dict, sglang_version: Optional[str]) -> None:
+        self.run_id, self.ident, self.spec, self.version = run_id, ident, spec, sglang_version
+        self.spans = sinks.SpanSink(cfg.trace_dir, os.getpid())
+        self._resource = None
+        self._resource_key = None
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock = threading.Lock()
+    def _res(self) -> Any:
+        key = tuple(sorted(self.ident.items()))
+        if key != self._resource_key:  # the ranks arrive after the first env snapshot may
+            self._resource = sinks.make_resource(self.ident, self.run_id, self.version)
+            self._resource_key = key
+        return self._resource
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from google.protobuf import json_format
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    def send_steps(self, steps: list[ResolvedStep], kept_slow: list[bool]) -> None:
+        self.spans.steps(steps, self.run_id, self.ident, self.spec, self._res(), kept_slow)
 
-        msg = json_format.MessageToDict(encode_spans(spans))
-        for rs in msg.get("resourceSpans", ()):
-            for ss in rs.get("scopeSpans", ()):
-                for sp in ss.get("spans", ()):
-                    for key in ("traceId", "spanId", "parentSpanId"):
-                        if key in sp:
-                            sp[key] = _b64_to_hex(sp[key])
-        line = json.dumps(msg, separators=(",", ":")) + "\n"
-        try:
-            with self._lock, open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(line)
-        except OSError as exc:
-            log.warning("sgl-probe: cannot write %s: %s", self.path, exc)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+    def send_env(self, attrs: dict, when_ns: int, name: str) -> None:
+        from sgl_probe.spans import build_env_span
 
-    def shutdown(self) -> None:
+        self.spans.offer([build_env_span(attrs, when_ns, self.run_id, self.ident, self._res(), name)])
+
+    @property
+    def dropped(self) -> int:
+        return self.spans.dropped
+
+    def flush(self, timeout_s: float) -> None:
+        self.spans.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float) -> None:
+        self.spans.shutdown()
+
+    def poll(self) -> None:
         pass
 
 
-def _b64_to_hex(value: str) -> str:
-    import base64
-
-    return base64.b64decode(value).hex()
-
-
-def otlp_exporter(environ=os.environ) -> Optional[SpanExporter]:
-    """The OTLP exporter the standard variables ask for, or None when none is configured."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    wanted = environ.get("OTEL_TRACES_EXPORTER")
-    if wanted is not None and "otlp" not in [w.strip() for w in wanted.split(",")]:
-        return None
-    if not (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
-        return None
-    raw = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-           or "grpc").strip().lower()
-    if raw not in _PROTOCOLS:
-        log.warning("sgl-probe: ignoring OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL=%r: accepted values are %s; "
-                    "using 'grpc'", raw, ", ".join(_PROTOCOLS))
-        raw = "grpc"
-    if raw == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter()
-
-
-def make_resource(ident: dict, run_id: str, sglang_version: Optional[str]) -> Resource:
-    attrs: dict[str, Any] = {
-        "process.pid": os.getpid(),
-        "sgl_probe.version": __version__,
-        "sgl_probe.run_id": run_id,
-    }
-    if sglang_version:
-        attrs["sglang.version"] = sglang_version
-    for key in ("tp_rank", "dp_rank", "pp_rank"):
-        if ident.get(key) is not None:
-            attrs["sglang." + key] = ident[key]
-    res = Resource.create(attrs)
-    # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win; otherwise the service is "sglang".
-    if res.attributes.get("service.name", "").startswith("unknown_service"):
-        res = res.merge(Resource({"service.name": "sglang"}))
-    return res
-
-
-def _resolved(st, timer) -> list[ResolvedPhase]:
-    """The summary's input until the drain resolves each step once for spans and summary alike."""
-    out = []
-    for ph in st.phases:
-        if ph.t_end is not None:
-            t0, t1 = timer.interval(ph.t_start, ph.t_end)
-            out.append(ResolvedPhase(ph.phase, t0, t1, spans_mod.graph_used(ph), ph.mode, ph.batch_size,
-                                     ph.num_tokens, (ph.host1 - ph.host0) / 1e6, ph.target, ph.accept_length))
-    return out
+def exporting(cfg) -> bool:
+    """Whether spans go anywhere (an OTLP endpoint or a trace dir)."""
+    return bool(cfg.trace_dir) or sinks.otlp_configured()
 
 
 class Pipeline:
-    """Drains the recorder into span processors on one daemon thread."""
+    """Drains the recorder on one daemon thread. ``in_process`` builds and exports the spans in
+    this process instead of the exporter process (for comparison in benchmarks)."""
 
-    def __init__(self, recorder, cfg, run_id: str, ident: dict, sglang_version: Optional[str]) -> None:
+    def __init__(self, recorder, cfg, run_id: str, ident: dict, sglang_version: Optional[str],
+                 in_process: bool = False) -> None:
         self.recorder = recorder
         self.cfg = cfg
         self.run_id = run_id
         self.ident = ident
-        self.sglang_version = sglang_version
-        self.resource = make_resource(ident, run_id, sglang_version)
-        self.processors: list[BatchSpanProcessor] = []
         self.summary = Summary(cfg.summary_s, ident)
-        self.export_dropped = 0
-        self._sampler = None
-        self._always = False
+        self.sampling = StepSampling(run_id, ident)
+        self.sink: Any = None
+        if exporting(cfg):
+            self.sink = InProcessSink(cfg, run_id, ident, recorder.spec, sglang_version)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()
-        self._setup_processors()
 
-    def _setup_processors(self) -> None:
-        from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
-
-        self._sampler = _get_from_env_or_default()
-        # The default (parent-based always-on, and our steps are roots) keeps every step: skip
-        # asking it per step.
-        desc = self._sampler.get_description()
-        self._always = desc == "AlwaysOnSampler" or desc.startswith("ParentBased{root:AlwaysOnSampler,")
-        exporter = otlp_exporter()
-        if exporter is not None:
-            self.processors.append(BatchSpanProcessor(exporter))
-        if self.cfg.trace_dir:
-            try:
-                os.makedirs(self.cfg.trace_dir, exist_ok=True)
-                path = os.path.join(self.cfg.trace_dir, "sgl-probe-%d.jsonl" % os.getpid())
-                self.processors.append(BatchSpanProcessor(JsonLinesExporter(path)))
-            except OSError as exc:
-                log.warning("sgl-probe: SGL_PROBE_TRACE_DIR=%r is not usable (%s); no trace files",
-                            self.cfg.trace_dir, exc)
+    @property
+    def export_dropped(self) -> int:
+        return self.sink.dropped if self.sink is not None else 0
 
     def start(self) -> None:
         if self._thread is not None and self._pid == os.getpid():
@@ -177,90 +109,70 @@ class Pipeline:
             except Exception as exc:  # keep draining; one bad record must not stop export
                 log.warning("sgl-probe: drain error: %r", exc)
 
-    def emit_env(self, attrs: dict, when_ns: int, name: str = "sgl_probe.env_snapshot") -> None:
+    def emit_env(self, attrs: dict, when_ns: int, name: str = ENV_SPAN) -> None:
         """An env snapshot span, or (``name``) another once-per-process span in the env trace."""
-        span = spans_mod.build_env_span(attrs, when_ns, self.run_id, self.ident, self.resource, name)
-        self._emit([span])
+        if self.sink is not None:
+            self.sink.send_env(attrs, when_ns, name)
 
-    def _emit(self, spans: list[ReadableSpan]) -> None:
-        for proc in self.processors:
-            # The SDK's queue drops silently when full (collector slow or down); count it.
-            queue = getattr(getattr(proc, "_batch_processor", None), "_queue", None)
-            room = (queue.maxlen - len(queue)) if queue is not None and queue.maxlen else len(spans)
-            if room < len(spans):
-                self.export_dropped += len(spans) - max(room, 0)
-            for span in spans:
-                proc.on_end(span)
-
-    def _sampled(self, index: int) -> bool:
-        """Whether step ``index`` is exported; the sampler sees the step's derived trace id."""
-        if self._always:
-            return True
-        try:
-            trace_id = spans_mod.step_trace_id(self.run_id, self.ident, index)
-            res = self._sampler.should_sample(None, trace_id, "sglang.step")
-            return res.decision == Decision.RECORD_AND_SAMPLE
-        except Exception:
-            return True
+    def observe(self, step: ResolvedStep) -> None:
+        """Every resolved step passes here once, sampled or not (summary line, metrics)."""
+        self.summary.add(step.phases)
 
     def drain(self, final: bool = False) -> int:
-        """Export every step whose timers have completed; returns how many were exported."""
+        """Resolve every step whose timers have completed; returns how many were resolved."""
         with self._lock:
             rec = self.recorder
             timer = rec.timer
             steps = rec.steps
+            sink = self.sink
+            sampling = self.sampling
+            always = sampling.always
+            kept: list[ResolvedStep] = []
+            kept_slow: list[bool] = []
             done = 0
             now = time.perf_counter_ns()
             while steps:
                 st = steps[0]
-                if not final and not self._step_ready(st, timer, now):
+                if not final and not step_ready(st, timer, now):
                     break
                 steps.popleft()
-                # Sampled out (or nothing to export to): the summary line still counts the step,
-                # but no span objects are built or encoded. The sampler sees the derived trace id,
-                # so a ratio sampler keeps the same steps on every rank.
-                if not self.processors or not self._sampled(st.index):
-                    try:
-                        self.summary.add(_resolved(st, timer))
-                    except Exception as exc:
-                        log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
-                    finally:
-                        for ph in st.phases:
-                            timer.release(ph.t_start, ph.t_end)
-                    done += 1
-                    continue
                 try:
-                    phases = _resolved(st, timer)
-                    _, spans = spans_mod.build_step_spans(
-                        st, timer, self.run_id, self.ident, rec.spec, self.resource)
+                    step = resolve_step(st, timer)
                 except Exception as exc:  # e.g. an event that never completed at shutdown
                     log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
                     continue
                 finally:
-                    for ph in st.phases:
-                        timer.release(ph.t_start, ph.t_end)
-                self.summary.add(phases)
-                self._emit(spans)
+                    release_step(st, timer)
                 done += 1
-            line = self.summary.maybe_line(dropped=rec.dropped_steps + self.export_dropped)
-            if line:
-                log.info(line)
+                self.observe(step)
+                if sink is None:
+                    continue
+                if always:
+                    kept.append(step)
+                    kept_slow.append(False)
+                else:
+                    keep, slow = sampling.keep(step)
+                    if keep:
+                        kept.append(step)
+                        kept_slow.append(slow)
+            if kept:
+                sink.send_steps(kept, kept_slow)
+            elif sink is not None:
+                sink.poll()
+            self._log_summary()
             return done
 
-    def _step_ready(self, st, timer, now: int) -> bool:
-        for ph in st.phases:
-            if ph.t_end is not None and not timer.ready(ph.t_start, ph.t_end):
-                return False
-            # Wait (up to 2 s) for SGLang's accept-length sink, which may run a step later.
-            if ph.phase == "verify" and ph.accept_length is None and ph.error is None \
-                    and now - st.host1 < 2_000_000_000:
-                return False
-        return True
+    def _log_summary(self) -> None:
+        line = self.summary.maybe_line(dropped=self.recorder.dropped_steps + self.export_dropped)
+        if line:
+            if not self.sampling.always:
+                line += " | sampled_out=%d kept_slow=%d" % (self.sampling.sampled_out, self.sampling.kept_slow)
+            log.info(line)
 
     def flush(self, timeout_s: float = 5.0) -> None:
         self.drain()
-        for proc in self.processors:
-            proc.force_flush(int(timeout_s * 1000))
+        if self.sink is not None:
+            self.sink.flush(timeout_s)
 
     def shutdown(self, timeout_s: float = 3.0) -> None:
         """Bounded: an unreachable collector must not hold the worker's exit hostage."""
@@ -269,8 +181,8 @@ class Pipeline:
         def _finish() -> None:
             try:
                 self.drain(final=True)
-                for proc in self.processors:
-                    proc.shutdown()
+                if self.sink is not None:
+                    self.sink.shutdown(timeout_s)
             except Exception:
                 pass
 

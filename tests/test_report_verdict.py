@@ -87,7 +87,8 @@ def write_trace(path: str, steps: list[list[tuple]], tp_rank: int = 0, sizes: li
     long as its phases (no "other" time), so the report must reproduce the seed numbers.
     ``sizes``: each step's batch size (default 8)."""
     from sgl_probe import spans as spans_mod
-    from sgl_probe.export import JsonLinesExporter, make_resource
+    from sgl_probe.drain import resolve_step
+    from sgl_probe.sinks import JsonLinesExporter, make_resource
     from sgl_probe.readers import Facts
     from sgl_probe.recorder import PhaseRecord, StepRecord
 
@@ -108,7 +109,7 @@ def write_trace(path: str, steps: list[list[tuple]], tp_rank: int = 0, sizes: li
             st.phases.append(ph)
             now = ph.t_end
         st.host1 = now
-        out += spans_mod.build_step_spans(st, _Timer(), "seed-run", ident, spec, res)[1]
+        out += spans_mod.build_step_spans(resolve_step(st, _Timer()), "seed-run", ident, spec, res)
         now += 1_000_000
     for k in range(0, len(out), 512):
         exporter.export(out[k:k + 512])

@@ -48,7 +48,8 @@ for var in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT",
 
 from sgl_probe import activate as probe_activate  # noqa: E402
 from sgl_probe import no_graph, readers, spans, targets  # noqa: E402
-from sgl_probe.export import make_resource  # noqa: E402
+from sgl_probe.drain import resolve_step  # noqa: E402
+from sgl_probe.sinks import make_resource  # noqa: E402
 from sgl_probe.instrument import Hook, resolve  # noqa: E402
 
 PROBE = probe_activate.activate()  # before any sglang import: the table wraps modules as they load
@@ -133,8 +134,8 @@ def step_spans(rec, phase_target, phase_batch, result, mark=None):
     step(None, phase_batch)
     assert rec.step_count == n + 1 and rec.steps and rec.steps[-1].phases, phase_target.name
     st = rec.steps.pop()
-    _, built = spans.build_step_spans(st, rec.timer, "graph-check", {"tp_rank": 0, "dp_rank": 0}, SPEC,
-                                      make_resource({}, "graph-check", PROBE.version))
+    built = spans.build_step_spans(resolve_step(st, rec.timer), "graph-check", {"tp_rank": 0, "dp_rank": 0},
+                                   SPEC, make_resource({}, "graph-check", PROBE.version))
     return {s.name: dict(s.attributes) for s in built}
 
 

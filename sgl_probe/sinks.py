@@ -1,0 +1,240 @@
+"""Where resolved steps become spans and leave: OTLP and the trace dir, behind bounded queues.
+
+A :class:`SpanSink` builds the spans of a resolved step (:mod:`sgl_probe.spans`) and hands them to
+one SDK ``BatchSpanProcessor`` per exporter. It runs in the exporter process
+(:mod:`sgl_probe.exporter_main`), or in the server's process when that one cannot be started.
+
+Exporters follow the standard OpenTelemetry variables (``OTEL_EXPORTER_OTLP_*``,
+``OTEL_SERVICE_NAME``, ``OTEL_BSP_*``). Drops are counted through public interfaces only: each
+exporter is wrapped to count the spans it has finished with, and a span is handed to a processor
+only while fewer than ``OTEL_BSP_MAX_QUEUE_SIZE`` are in flight there (so the SDK's own queue
+never overflows silently); a span that finds no room, or whose export failed, is dropped and
+counted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+from typing import Any, Mapping, Optional, Sequence
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from sgl_probe import __version__, contract as C, spans as spans_mod
+from sgl_probe.resolved import ResolvedStep
+
+log = logging.getLogger("sgl_probe")
+
+_PROTOCOLS = ("grpc", "http/protobuf")
+_DEFAULT_QUEUE = 2048  # the SDK's default for OTEL_BSP_MAX_QUEUE_SIZE
+
+
+class JsonLinesExporter(SpanExporter):
+    """One OTLP/JSON ``ExportTraceServiceRequest`` per line (ids as hex, as OTLP/JSON wants)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from google.protobuf import json_format
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        msg = json_format.MessageToDict(encode_spans(spans))
+        for rs in msg.get("resourceSpans", ()):
+            for ss in rs.get("scopeSpans", ()):
+                for sp in ss.get("spans", ()):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if key in sp:
+                            sp[key] = base64.b64decode(sp[key]).hex()
+        line = json.dumps(msg, separators=(",", ":")) + "\n"
+        try:
+            with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(line)
+        except OSError as exc:
+            log.warning("sgl-probe: cannot write %s: %s", self.path, exc)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def otlp_exporter(environ: Mapping[str, str] = os.environ) -> Optional[SpanExporter]:
+    """The OTLP exporter the standard variables ask for, or None when none is configured."""
+    if not otlp_configured(environ):
+        return None
+    raw = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+           or "grpc").strip().lower()
+    if raw not in _PROTOCOLS:
+        log.warning("sgl-probe: ignoring OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL=%r: accepted values are %s; "
+                    "using 'grpc'", raw, ", ".join(_PROTOCOLS))
+        raw = "grpc"
+    if raw == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter()
+
+
+def otlp_configured(environ: Mapping[str, str] = os.environ) -> bool:
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    wanted = environ.get("OTEL_TRACES_EXPORTER")
+    if wanted is not None and "otlp" not in [w.strip() for w in wanted.split(",")]:
+        return False
+    return bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def trace_file(trace_dir: str, pid: int) -> str:
+    return os.path.join(trace_dir, "sgl-probe-%d.jsonl" % pid)
+
+
+def make_resource(ident: dict, run_id: str, sglang_version: Optional[str], pid: Optional[int] = None) -> Resource:
+    """``pid`` is the server process the spans describe (not the exporter process)."""
+    attrs: dict[str, Any] = {
+        "process.pid": os.getpid() if pid is None else pid,
+        C.PROBE_VERSION: __version__,
+        C.RUN_ID: run_id,
+    }
+    if sglang_version:
+        attrs[C.SGLANG_VERSION] = sglang_version
+    attrs.update(spans_mod.rank_attributes(ident))
+    res = Resource.create(attrs)
+    # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win; otherwise the service is "sglang".
+    if res.attributes.get("service.name", "").startswith("unknown_service"):
+        res = res.merge(Resource({"service.name": C.DEFAULT_SERVICE_NAME}))
+    return res
+
+
+def _queue_size(environ: Mapping[str, str]) -> int:
+    raw = environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip()
+    try:
+        size = int(raw) if raw else _DEFAULT_QUEUE
+    except ValueError:
+        size = 0
+    if size <= 0:
+        log.warning("sgl-probe: ignoring OTEL_BSP_MAX_QUEUE_SIZE=%r: accepted values are integers > 0; "
+                    "using %d", raw, _DEFAULT_QUEUE)
+        size = _DEFAULT_QUEUE
+    return size
+
+
+class _Counted(SpanExporter):
+    """Counts the spans its exporter has finished with (exported or failed)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.done = 0
+        self.failed = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:
+            log.warning("sgl-probe: exporter %s failed: %r", type(self.inner).__name__, exc)
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            self.failed += len(spans)
+        self.done += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class _Bounded:
+    """A BatchSpanProcessor that is handed a span only when its queue has room."""
+
+    def __init__(self, exporter: SpanExporter, max_queue: int) -> None:
+        self.counted = _Counted(exporter)
+        self.max_queue = max_queue
+        self.handed = 0
+        self.full = 0
+        self.processor = BatchSpanProcessor(self.counted, max_queue_size=max_queue)
+
+    def offer(self, spans: list) -> None:
+        room = self.max_queue - (self.handed - self.counted.done)
+        if room < len(spans):
+            self.full += len(spans) - max(room, 0)
+            spans = spans[:max(room, 0)]
+        self.handed += len(spans)
+        on_end = self.processor.on_end
+        for span in spans:
+            on_end(span)
+
+    @property
+    def dropped(self) -> int:
+        return self.full + self.counted.failed
+
+
+class SpanSink:
+    """Builds spans and exports them; ``dropped`` counts every span that did not make it."""
+
+    def __init__(self, trace_dir: Optional[str], pid: int, environ: Mapping[str, str] = os.environ) -> None:
+        self.outputs: list[_Bounded] = []
+        self.exported = 0
+        queue = _queue_size(environ)
+        exporters: list[SpanExporter] = []
+        try:
+            exporter = otlp_exporter(environ)
+            if exporter is not None:
+                exporters.append(exporter)
+        except Exception as exc:
+            log.warning("sgl-probe: cannot set up the OTLP exporter: %r; no spans over OTLP", exc)
+        if trace_dir:
+            try:
+                os.makedirs(trace_dir, exist_ok=True)
+                exporters.append(JsonLinesExporter(trace_file(trace_dir, pid)))
+            except OSError as exc:
+                log.warning("sgl-probe: %s=%r is not usable (%s); no trace files", C.ENV_TRACE_DIR, trace_dir, exc)
+        for exporter in exporters:
+            try:
+                self.outputs.append(_Bounded(exporter, queue))
+            except ValueError as exc:  # e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE above the queue size
+                log.warning("sgl-probe: OTEL_BSP_* settings rejected (%s); using the SDK defaults", exc)
+                self.outputs.append(_Bounded(exporter, _DEFAULT_QUEUE))
+
+    def steps(self, steps: Sequence[ResolvedStep], run_id: str, ident: dict, spec: dict, resource: Any,
+              kept_slow: Sequence[bool] = ()) -> None:
+        spans: list = []
+        build = spans_mod.build_step_spans
+        for i, step in enumerate(steps):
+            extra = _KEPT_SLOW if i < len(kept_slow) and kept_slow[i] else None
+            spans += build(step, run_id, ident, spec, resource, extra)
+        self.offer(spans)
+
+    def offer(self, spans: list) -> None:
+        self.exported += len(spans)
+        for out in self.outputs:
+            out.offer(spans)
+
+    @property
+    def dropped(self) -> int:
+        return sum(out.dropped for out in self.outputs)
+
+    @property
+    def settled(self) -> int:
+        """Spans every output has finished with (exported, failed or refused)."""
+        if not self.outputs:
+            return self.exported
+        return min(out.counted.done + out.full for out in self.outputs)
+
+    def flush(self, timeout_s: float) -> None:
+        for out in self.outputs:
+            out.processor.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        for out in self.outputs:
+            out.processor.shutdown()
+
+
+_KEPT_SLOW = {C.KEPT: C.KEPT_SLOW}

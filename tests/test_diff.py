@@ -91,6 +91,12 @@ def test_nccl_variables_and_a_patched_file_are_named_exactly(tmp_path, capsys):
     assert f"  patched SGLang files only in {b}: {PATCHED}" in lines
 
 
+def test_sglangs_per_launch_id_is_not_a_difference(tmp_path, capsys):
+    a = write_run(tmp_path / "a", {**BASE_ENV, "SGLANG_RUN_ID": "sglang-run-1"}, FP)
+    b = write_run(tmp_path / "b", {**BASE_ENV, "SGLANG_RUN_ID": "sglang-run-2"}, FP)
+    assert diff_json(capsys, a, b)[1]["same"] is True
+
+
 def test_env_differs_on_one_rank_only(tmp_path, capsys):
     a = write_run(tmp_path / "a", BASE_ENV, FP)
     b = write_run(tmp_path / "b", BASE_ENV, FP, rank_env={1: {"NCCL_IB_HCA": "mlx5_1"}})

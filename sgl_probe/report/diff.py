@@ -2,8 +2,8 @@
 arguments, library versions and GPUs (``sgl-probe diff A B``; first in ``report --baseline``).
 
 Reads the ``sgl_probe.env_snapshot`` and ``sgl_probe.fingerprint`` spans an :class:`Aggregator`
-kept. Only what would change a measurement is compared: run ids, pids, timestamps and the
-fingerprint's own timing are not.
+kept. Only what would change a measurement is compared: run ids (also SGLang's ``SGLANG_RUN_ID``),
+pids, timestamps and the fingerprint's own timing are not.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ _SCALARS += [("gpu" if key.startswith("gpu") else "versions", key.replace("_", "
 _FILE_SETS = [("patched SGLang files", C.FP_PATCHED), ("missing SGLang files", C.FP_MISSING),
               ("modified files in the SGLang checkout", C.FP_GIT_MODIFIED),
               ("orphaned bytecode", C.FP_ORPHANED_BYTECODE), ("stale bytecode", C.FP_STALE_BYTECODE)]
+#: Variables that name a launch rather than configure it (SGLang sets a new id per launch).
+NOT_COMPARED_VARS = frozenset({"SGLANG_RUN_ID"})
 #: Server flags that a speculative run and its plain baseline are expected to differ in.
 EXPECTED_FLAG_PREFIXES = ("--speculative",)
 #: The value of a flag given without one (``--disable-cuda-graph``).
@@ -78,7 +80,8 @@ class RunView:
 
     def __init__(self, agg: Aggregator) -> None:
         env = env_summary(agg) or {"per_rank": {}}
-        self.env = {label: snap["vars"] for label, snap in env["per_rank"].items()}
+        self.env = {label: {n: v for n, v in snap["vars"].items() if n not in NOT_COMPARED_VARS}
+                    for label, snap in env["per_rank"].items()}
         self.fp = {agg.label(rank): {k: _norm(v) for k, v in attrs.items()}
                    for rank, attrs in sorted(agg.fingerprints.items(), key=lambda kv: agg.rank_sort_key(kv[0]))}
 
@@ -124,7 +127,7 @@ def compare(a: Aggregator, b: Aggregator) -> dict:
         la = [e for e in (_launcher_env(x) for x in va.fp.values()) if e is not None]
         lb = [e for e in (_launcher_env(x) for x in vb.fp.values()) if e is not None]
         if la and lb:
-            launcher = _changed(la[0], lb[0])
+            launcher = {n: c for n, c in _changed(la[0], lb[0]).items() if n not in NOT_COMPARED_VARS}
     out["launcher_env"] = launcher
     files = {}
     for label, attr in _FILE_SETS if both else ():

@@ -69,11 +69,15 @@ def _record_hash(path: str) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def record_check(record_path: str, site_dir: str, top: str = "sglang", full: bool = False) -> dict:
-    """Files of package ``top`` whose content differs from ``RECORD`` (see the module doc)."""
+def record_check(record_path: str, site_dir: str, top: str = "sglang", full: bool = False,
+                 text: Optional[str] = None) -> dict:
+    """Files of package ``top`` whose content differs from ``RECORD`` (see the module doc);
+    ``text``: RECORD's content when the caller has already read it."""
     rec_stat = os.stat(record_path)
-    with open(record_path, encoding="utf-8", newline="") as fh:
-        rows = list(csv.reader(fh))
+    if text is None:
+        with open(record_path, encoding="utf-8", newline="") as fh:
+            text = fh.read()
+    rows = csv.reader(io.StringIO(text))
     prefix = top + "/"
     patched: list[str] = []
     missing: list[str] = []
@@ -227,10 +231,10 @@ def sglang_code(full: bool = False, top: str = "sglang") -> dict:
             site_dir = os.path.realpath(str(dist.locate_file("")))
             init_rel = os.path.relpath(os.path.join(pkg_dir, "__init__.py"), site_dir)
             text = dist.read_text("RECORD")
-            if text and any(r and r[0] == init_rel for r in csv.reader(io.StringIO(text))):
+            if text and ("\n" + init_rel + ",") in ("\n" + text):
                 record = os.path.join(str(dist._path), "RECORD")  # type: ignore[attr-defined]
                 out["install"] = "wheel"
-                out.update(record_check(record, site_dir, top, full))
+                out.update(record_check(record, site_dir, top, full, text))
             elif text:
                 errors.append(f"the installed {top} {dist.version} ({site_dir}) is not the one imported")
         except Exception as exc:

@@ -28,7 +28,7 @@ FP = {"sglang": {"version": "0.5.23", "path": "/v/site-packages/sglang", "instal
 def write_run(trace_dir: Path, env: dict, fp: dict | None = None, argv: list | None = None,
               rank_env: dict | None = None, ranks: int = 2, run_id: str | None = None) -> Path:
     """One run as a server writes it: per rank, an nccl_init env snapshot and a fingerprint."""
-    from sgl_probe.export import JsonLinesExporter, make_resource
+    from sgl_probe.sinks import JsonLinesExporter, make_resource
     from sgl_probe.spans import build_env_span
 
     trace_dir.mkdir(parents=True, exist_ok=True)

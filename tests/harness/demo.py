@@ -165,7 +165,7 @@ def main() -> int:
           f"EAGLE-3 copy draft); traces in {out}", flush=True)
     servers = {}
     for name, args in (("plain", COMMON_ARGS), ("eagle3", (*COMMON_ARGS, *eagle_args(draft, **EAGLE)))):
-        env = {**LAUNCHER_ENV, "SGL_PROBE_SUMMARY_S": "5", "SGL_PROBE_TRACE_DIR": str(out / name),
+        env = {**LAUNCHER_ENV, "SGL_PROBE_SUMMARY_S": "2", "SGL_PROBE_TRACE_DIR": str(out / name),
                "SGL_PROBE_RUN_ID": None, "SGL_PROBE_LAUNCHER_ENV": None}
         servers[name] = SGLangServer(venv, target, env=env, extra_args=args, log_path=out / f"{name}.log")
     t1 = time.monotonic()
@@ -180,7 +180,7 @@ def main() -> int:
         for name, server in servers.items():
             seconds = send_load(server)
             print(f"[demo]   {name}: {seconds:.1f}s", flush=True)
-        time.sleep(5.5)  # one more summary period
+        time.sleep(2.5)  # one more summary period
         for name in servers:
             wait_until_written(out / name)
         logs = {name: s.log_text() for name, s in servers.items()}

@@ -159,6 +159,9 @@ def test_phase_spans_from_every_scheduler(probed_run: Run):
         for s in ext + dec:
             a = s.attributes
             assert a["sgl_probe.timer"] == "cpu" and a["sglang.cuda_graph"] is False
+            # Why, from SGLang's own state (--disable-cuda-graph; the CPU engine builds no runner);
+            # the cpu timer has no GPU start to tell apart.
+            assert a["sglang.no_graph_reason"] == "graphs_disabled" and "sgl_probe.start" not in a
             assert a["sglang.forward_mode"] == ("EXTEND" if s.name == "sglang.extend" else "DECODE")
             assert a["sgl_probe.duration_ms"] > 0
             assert a["sglang.dp_rank"] == 0 and a["sglang.pp_rank"] == 0

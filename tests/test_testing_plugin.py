@@ -367,7 +367,9 @@ def test_malformed_payloads_get_errors_and_never_break_the_fixture(sgl_probe_col
     export(c, two_points(LAUNCHER, LAUNCHER, tp_rank=1, pid=6001, run_id=run), "http/protobuf")
     snaps = c.wait_for_env_snapshots(range(2), run_id=run, timeout=10)
     assert_env_propagated(snaps, {"NCCL_PROTO": "LL"}, ranks=range(2))
-    assert "rejected payload(s), last: grpc: malformed ExportTraceServiceRequest" in c.describe(run_id=run)
+    # Which rejection is last depends on when the server thread gives up on the truncated body.
+    assert any(e.startswith("grpc: malformed ExportTraceServiceRequest") for e in c.errors), c.errors
+    assert f"{len(c.errors)} rejected payload(s), last: " in c.describe(run_id=run)
 
 
 # -- user-style test files through pytest --------------------------------------------------------

@@ -370,7 +370,7 @@ def to_attributes(fp: Mapping[str, Any]) -> dict[str, Any]:
     put(C.FP_GIT_MODIFIED, sg.get("git_modified"))
     put(C.FP_ORPHANED_BYTECODE, sg.get("orphaned_bytecode"))
     put(C.FP_STALE_BYTECODE, sg.get("stale_bytecode"))
-    put(C.FP_ERRORS, sg.get("errors"))
+    put(C.FP_ERRORS, [redact_value(str(e)) for e in sg["errors"]] if sg.get("errors") else None)
     for key, attr in C.FP_RUNTIME.items():
         put(attr, fp.get(key))
     # Redacted again here: whoever built ``fp``, no secret reaches a span.

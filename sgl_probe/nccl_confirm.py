@@ -30,6 +30,7 @@ import time
 from typing import Callable, Iterable, Mapping, Optional
 
 from sgl_probe import envsnap
+from sgl_probe.redact import redact_value
 
 log = logging.getLogger("sgl_probe")
 
@@ -113,10 +114,13 @@ def confirm_attributes(confirmed: Mapping[str, str], allow: Iterable[str], envir
     attrs = envsnap.snapshot_attributes("nccl_confirm", allow, user_env)
     values, _ = envsnap.snapshot(allow, user_env)
     shown, withheld = [], []
+    shown_values: dict[str, str] = {}
     for name, value in sorted(confirmed.items()):
         if envsnap.is_secret(name):
             withheld.append(name)
             continue
+        # Redacted like the env values it is compared with (a credential in a value never leaves).
+        value = shown_values[name] = redact_value(value)
         attrs["nccl.confirmed." + name] = value
         shown.append(name)
     attrs["sgl_probe.nccl.confirmed"] = shown
@@ -125,7 +129,7 @@ def confirm_attributes(confirmed: Mapping[str, str], allow: Iterable[str], envir
     attrs["sgl_probe.nccl.not_confirmed"] = sorted(
         n for n in values if n.startswith("NCCL_") and n not in confirmed and n not in _DEBUG_VARS)
     attrs["sgl_probe.nccl.value_differs"] = sorted(
-        n for n in shown if n in values and values[n] != confirmed[n])
+        n for n in shown if n in values and values[n] != shown_values[n])
     attrs["sgl_probe.nccl.set_by_probe"] = ["%s=%s" % kv for kv in sorted(set_by_probe.items())]
     attrs["sgl_probe.nccl.debug_file"] = path
     attrs["sgl_probe.nccl.status"] = status

@@ -103,3 +103,16 @@ def test_env_snapshot_exports_values_redacted():
 def test_hand_written_launcher_env_is_redacted_on_read():
     env = {envsnap.LAUNCHER_ENV_VAR: json.dumps({"NCCL_X": "https://a:b@c", "MY_KEY": "v", "NCCL_Y": "1"})}
     assert envsnap.launcher_env(env) == {"NCCL_X": f"https://a:{R}@c", "NCCL_Y": "1"}
+
+
+def test_values_nccl_reports_are_redacted_like_the_env():
+    from sgl_probe.nccl_confirm import confirm_attributes
+
+    url = "https://bob:hunter2@ib.example/x"
+    environ = {"NCCL_NET_PLUGIN_URL": url, "NCCL_PROTO": "LL"}
+    attrs = confirm_attributes({"NCCL_NET_PLUGIN_URL": url, "NCCL_PROTO": "Simple"}, DEFAULT_ENV_ALLOW, environ,
+                               {}, {}, "/tmp/nccl.log", "init_complete")
+    assert attrs["nccl.confirmed.NCCL_NET_PLUGIN_URL"] == f"https://bob:{R}@ib.example/x"
+    assert attrs["env.NCCL_NET_PLUGIN_URL"] == f"https://bob:{R}@ib.example/x"
+    assert attrs["sgl_probe.nccl.value_differs"] == ["NCCL_PROTO"]  # the redacted URL matches itself
+    assert "hunter2" not in json.dumps(attrs)

@@ -184,3 +184,17 @@ def test_diff_names_exactly_the_variables_and_the_file(runs, capsys):
 def test_same_run_shows_no_difference(runs, capsys):
     rc, out = sgl_probe(capsys, "diff", str(runs["a"]), str(runs["a"]))
     assert rc == 0 and "no difference" in out, out
+
+
+def test_doctor_and_the_server_record_the_same_code_and_versions(runs):
+    """Two independent collections of one install (the doctor CLI, a scheduler process) agree."""
+    for doc, side in (("doctor_clean", "a"), ("doctor_patched", "b")):
+        fp = runs[doc]["fingerprint"]
+        a = attrs_of(trace_spans(runs[side], "sgl_probe.fingerprint")[0])
+        sg = fp["sglang"]
+        assert (a["fingerprint.sglang.version"], a["fingerprint.sglang.path"], a["fingerprint.sglang.install"]) == \
+            (sg["version"], sg["path"], sg["install"])
+        assert a["fingerprint.sglang.patched_files"] == sg["patched"]
+        assert a["fingerprint.sglang.missing_files"] == sg["missing"]
+        assert a["fingerprint.python.version"] == fp["python"] and a["fingerprint.torch.version"] == fp["torch"]
+        assert a["fingerprint.gpu.count"] == fp["gpu_count"]

@@ -1,6 +1,7 @@
-"""``sgl-probe``: ``doctor`` (which targets resolve in the installed SGLang), ``run`` (any
-command with the probe active through PYTHONPATH, like ``opentelemetry-instrument``) and
-``report`` (phase table, speculative verdict, stragglers, Jaeger/Perfetto files from spans)."""
+"""``sgl-probe``: ``doctor`` (which targets resolve in the installed SGLang, and its run
+fingerprint), ``run`` (any command with the probe active through PYTHONPATH, like
+``opentelemetry-instrument``), ``report`` (phase table, speculative verdict, stragglers,
+Jaeger/Perfetto files from spans) and ``diff`` (what differs between two runs)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="sgl-probe", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    doc = sub.add_parser("doctor", help="show which SGLang targets resolve in this environment")
+    doc = sub.add_parser("doctor", help="show which SGLang targets resolve in this environment, and its run fingerprint")
     doc.add_argument("--json", action="store_true", help="print JSON instead of a table")
     doc.add_argument("--full", action="store_true",
                      help="hash every SGLang file against its wheel's RECORD (default: only files "

@@ -11,7 +11,7 @@ Two outputs, each only when the user asked for it:
 
 ``SGL_PROBE_METRICS=off`` turns both off. Whichever process receives resolved steps builds one
 :class:`PhaseMetrics` per rank with :func:`phase_metrics` and calls ``observe_step`` for each
-step, and ``flush`` now and then when idle.
+step, and ``maybe_flush`` when idle.
 
 Steps are aggregated here, in plain Python (a bisect and a few additions per phase, about a
 microsecond); the sinks get cumulative snapshots at most once per ``flush_s``. Recording into
@@ -139,8 +139,7 @@ class PhaseMetrics:
                         self._accept = Hist(dict(self.ranks), ACCEPT_LENGTH_BUCKETS)
                     self._accept.add(ph.accept_length)
             self._dirty = True
-            if time.monotonic_ns() - self._last_flush >= self.flush_ns:
-                self.flush()
+            self.maybe_flush()
         except Exception as exc:
             self._fail("observe_step", exc)
 
@@ -163,6 +162,11 @@ class PhaseMetrics:
             self.ranks, self.start_ns, time.time_ns(), tuple(h.frozen() for h in self._phase.values()),
             tuple((labels, n) for labels, n in self._steps.values()),
             self._accept.frozen() if self._accept is not None else None, self._dropped, self._verdict)
+
+    def maybe_flush(self) -> None:
+        """``flush`` once ``flush_s`` has passed since the last one (call it when idle, too)."""
+        if time.monotonic_ns() - self._last_flush >= self.flush_ns:
+            self.flush()
 
     def flush(self) -> None:
         """Hand the totals to the sinks if anything changed; never raises."""

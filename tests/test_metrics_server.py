@@ -25,7 +25,7 @@ VERSION, TP, NEW_TOKENS = "0.5.23", 2, 6
 PROMPTS = ["hello world the quick", "once upon a time there", "brown fox jumps over lazy"]
 ARGS = ("--disable-radix-cache", "--dtype", "float32", "--enable-metrics")
 PHASE_FAMILY = "sgl_probe_phase_seconds"
-_SAMPLE = re.compile(r"^(\w+)\{(.*)\} ([0-9.e+-]+|NaN)$")
+_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)\{(.*)\} ([0-9.e+-]+|NaN)$")
 
 
 @dataclass

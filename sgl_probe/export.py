@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from sgl_probe import sinks
+from sgl_probe import metrics as metrics_mod, sinks
 from sgl_probe.contract import ENV_SPAN
 from sgl_probe.drain import release_step, resolve_step, step_ready
 from sgl_probe.resolved import ResolvedStep
@@ -83,6 +83,8 @@ class Pipeline:
         self.sink: Any = None
         if exporting(cfg):
             self.sink = InProcessSink(cfg, run_id, ident, recorder.spec, sglang_version)
+        self.metrics = metrics_mod.phase_metrics(
+            ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -117,6 +119,8 @@ class Pipeline:
     def observe(self, step: ResolvedStep) -> None:
         """Every resolved step passes here once, sampled or not (summary line, metrics)."""
         self.summary.add(step.phases)
+        if self.metrics is not None:
+            self.metrics.observe_step(step)
 
     def drain(self, final: bool = False) -> int:
         """Resolve every step whose timers have completed; returns how many were resolved."""
@@ -163,7 +167,13 @@ class Pipeline:
             return done
 
     def _log_summary(self) -> None:
-        line = self.summary.maybe_line(dropped=self.recorder.dropped_steps + self.export_dropped)
+        dropped = self.recorder.dropped_steps + self.export_dropped
+        line = self.summary.maybe_line(dropped=dropped)
+        if self.metrics is not None:
+            self.metrics.set_dropped(dropped)
+            if line and self.summary.last_verdict is not None:  # a window without one keeps the last
+                self.metrics.set_verdict(self.summary.last_verdict)
+            self.metrics.maybe_flush()
         if line:
             if not self.sampling.always:
                 line += " | sampled_out=%d kept_slow=%d" % (self.sampling.sampled_out, self.sampling.kept_slow)
@@ -181,6 +191,9 @@ class Pipeline:
         def _finish() -> None:
             try:
                 self.drain(final=True)
+                if self.metrics is not None:
+                    self.metrics.flush()
+                    metrics_mod.shutdown(timeout_s)
                 if self.sink is not None:
                     self.sink.shutdown(timeout_s)
             except Exception:

@@ -42,6 +42,7 @@ class Summary:
         self._decode: dict[bool, collections.deque] = {
             True: collections.deque(maxlen=DECODE_HISTORY), False: collections.deque(maxlen=DECODE_HISTORY)}
         self._last = time.monotonic_ns()
+        self.last_verdict = None
 
     def add(self, phases: Iterable[ResolvedPhase]) -> None:
         """The resolved phases of one step."""
@@ -136,6 +137,7 @@ class Summary:
             v = self.verdict(steady)
         except Exception:  # the summary line must never cost the drain thread
             v = None
+        self.last_verdict = v  # the live verdict gauge (sgl_probe.metrics) reads it
         if v is not None:
             calls = "call" if warm_total == 1 else "calls"
             parts.append(f"verdict from {VERDICT_STATISTIC}s, {warm_total} warm-up {calls} left out")

@@ -158,6 +158,8 @@ class OtlpSink:
 
     def shutdown(self, timeout_s: float) -> None:
         """One last export, bounded: it runs on a daemon thread that is given ``timeout_s``."""
+        if self._stop.is_set():  # the pipeline's shutdown can run twice (explicit, then atexit)
+            return
         self._stop.set()
 
         def finish() -> None:

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from sgl_probe import metrics as metrics_mod, sinks
+from sgl_probe import metrics_setup, sinks
 from sgl_probe.contract import ENV_SPAN
 from sgl_probe.drain import release_step, resolve_step, step_ready
 from sgl_probe.resolved import ResolvedStep
@@ -83,7 +83,7 @@ class Pipeline:
         self.sink: Any = None
         if exporting(cfg):
             self.sink = InProcessSink(cfg, run_id, ident, recorder.spec, sglang_version)
-        self.metrics = metrics_mod.phase_metrics(
+        self.metrics = metrics_setup.phase_metrics(
             ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -192,8 +192,9 @@ class Pipeline:
             try:
                 self.drain(final=True)
                 if self.metrics is not None:
-                    self.metrics.flush()
-                    metrics_mod.shutdown(timeout_s)
+                    with self._lock:  # a drain still running on the drain thread feeds it too
+                        self.metrics.flush()
+                    metrics_setup.shutdown(timeout_s)
                 if self.sink is not None:
                     self.sink.shutdown(timeout_s)
             except Exception:

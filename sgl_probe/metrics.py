@@ -10,8 +10,8 @@ Two outputs, each only when the user asked for it:
   ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set. See :mod:`sgl_probe.metrics_otlp`.
 
 ``SGL_PROBE_METRICS=off`` turns both off. Whichever process receives resolved steps builds one
-:class:`PhaseMetrics` per rank with :func:`phase_metrics` and calls ``observe_step`` for each
-step, and ``maybe_flush`` when idle.
+:class:`PhaseMetrics` per rank with :func:`sgl_probe.metrics_setup.phase_metrics` and calls
+``observe_step`` for each step, and ``maybe_flush`` when idle.
 
 Steps are aggregated here, in plain Python (a bisect and a few additions per phase, about a
 microsecond); the sinks get cumulative snapshots at most once per ``flush_s``. Recording into
@@ -23,8 +23,6 @@ log line and switches the metrics off; it never reaches the caller.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from bisect import bisect_left
 from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence
@@ -184,53 +182,3 @@ class PhaseMetrics:
     def _fail(self, where: str, exc: BaseException) -> None:
         self.failed = True
         log.warning("sgl-probe: metrics disabled in this process after an error in %s: %r", where, exc)
-
-
-# --- the process's sinks --------------------------------------------------------------------
-
-_LOCK = threading.Lock()
-_SINKS: Optional[tuple[int, list]] = None   # (pid, sinks): rebuilt in a forked child
-
-
-def build_sinks(environ: Mapping[str, str], resource: Any = None) -> list:
-    """The sinks the environment asks for; empty when none."""
-    from sgl_probe import metrics_otlp, metrics_prom
-
-    sinks: list = []
-    for name, make in (("Prometheus", lambda: metrics_prom.from_env(environ)),
-                       ("OTLP", lambda: metrics_otlp.from_env(environ, resource))):
-        try:
-            sink = make()
-        except Exception as exc:
-            log.warning("sgl-probe: %s metrics not set up: %r", name, exc)
-            sink = None
-        if sink is not None:
-            sinks.append(sink)
-    return sinks
-
-
-def phase_metrics(ident: Mapping[str, Any], resource: Any = None, mode: str = "auto",
-                  environ: Optional[Mapping[str, str]] = None) -> Optional[PhaseMetrics]:
-    """This rank's metrics over the process's sinks (built once per process), or None when no
-    metrics were asked for. ``resource``: the OpenTelemetry Resource of the process (OTLP);
-    ``mode``: ``SGL_PROBE_METRICS`` (``Config.metrics``), ``off`` builds nothing."""
-    global _SINKS
-    if mode == "off":
-        return None
-    with _LOCK:
-        if _SINKS is None or _SINKS[0] != os.getpid():
-            _SINKS = (os.getpid(), build_sinks(os.environ if environ is None else environ, resource))
-        sinks = _SINKS[1]
-    return PhaseMetrics(ident, sinks) if sinks else None
-
-
-def shutdown(timeout_s: float = 3.0) -> None:
-    """Push what the OTLP sink holds; bounded, for the process's exit path (flush the
-    ``PhaseMetrics`` first)."""
-    with _LOCK:
-        sinks = _SINKS[1] if _SINKS is not None and _SINKS[0] == os.getpid() else []
-    for sink in sinks:
-        try:
-            sink.shutdown(timeout_s)
-        except Exception as exc:
-            log.debug("sgl-probe: metrics shutdown: %r", exc)

@@ -24,6 +24,7 @@ from sgl_probe.contract import (
     METRIC_ACCEPT_LENGTH, METRIC_DROPPED, METRIC_PHASE_SECONDS, METRIC_SPEC_BREAK_EVEN,
     METRIC_SPEC_SPEEDUP, METRIC_STEPS,
 )
+from sgl_probe.metrics import Snapshot
 
 log = logging.getLogger("sgl_probe")
 
@@ -84,7 +85,7 @@ class OtlpSink:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def update(self, snap) -> None:
+    def update(self, snap: Snapshot) -> None:
         with self._lock:
             self._latest[tuple(snap.ranks.values())] = snap
             if self._thread is None:
@@ -111,7 +112,7 @@ class OtlpSink:
                 for s in snaps:
                     self._exported[tuple(s.ranks.values())] = s
 
-    def metrics_data(self, snaps: list) -> Any:
+    def metrics_data(self, snaps: list[Snapshot]) -> Any:
         from opentelemetry.sdk.metrics.export import (
             AggregationTemporality, Gauge, Histogram, HistogramDataPoint, Metric, MetricsData,
             NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,

@@ -17,6 +17,7 @@ from sgl_probe.contract import (
     METRIC_SPEC_BREAK_EVEN, METRIC_SPEC_SPEEDUP, METRIC_STEPS, PHASE_LABELS, PHASE_SECONDS_BUCKETS,
     RANK_LABELS,
 )
+from sgl_probe.metrics import Snapshot
 
 log = logging.getLogger("sgl_probe")
 
@@ -51,7 +52,7 @@ class PrometheusSink:
             RANK_LABELS, multiprocess_mode="mostrecent", **reg)
         self._pushed: dict[tuple, Any] = {}
 
-    def update(self, snap) -> None:
+    def update(self, snap: Snapshot) -> None:
         """Add what changed since the last snapshot of the same series (``Snapshot`` totals are
         cumulative; the multiprocess files are too)."""
         hists = [(h, self._phase) for h in snap.phases]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_probe import config, contract, metrics, metrics_otlp
+from sgl_probe import config, contract, metrics, metrics_otlp, metrics_setup
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 from sgl_probe.testing.receiver import OTLPReceiver
 
@@ -62,7 +62,7 @@ def samples(text: str) -> list:
 
 RANK_SCRIPT = r"""
 import os, sys
-from sgl_probe.metrics import phase_metrics
+from sgl_probe.metrics_setup import phase_metrics
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 rank, n = int(sys.argv[1]), int(sys.argv[2])
 m = phase_metrics({"tp_rank": rank, "dp_rank": 0, "pp_rank": 0}, mode="auto")
@@ -206,7 +206,7 @@ def test_otlp_metrics_reach_the_receiver(protocol, monkeypatch):
     ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:9"}, ["OtlpSink"]),
 ])
 def test_nothing_is_exposed_unless_asked(environ, kinds):
-    sinks = metrics.build_sinks(environ)
+    sinks = metrics_setup.build_sinks(environ)
     try:
         assert [type(s).__name__ for s in sinks] == kinds
     finally:
@@ -215,7 +215,7 @@ def test_nothing_is_exposed_unless_asked(environ, kinds):
 
 
 def test_off_switch_and_bad_value():
-    assert metrics.phase_metrics(RANKS, mode="off", environ={"OTEL_METRICS_EXPORTER": "otlp"}) is None
+    assert metrics_setup.phase_metrics(RANKS, mode="off", environ={"OTEL_METRICS_EXPORTER": "otlp"}) is None
     cfg = config.load({"SGL_PROBE_METRICS": "prometheus"})
     assert cfg.metrics == "auto"
     assert cfg.problems == ("sgl-probe: ignoring SGL_PROBE_METRICS='prometheus': accepted values are auto, off; "
@@ -230,7 +230,7 @@ def test_off_switch_and_bad_value():
 ])
 def test_prometheus_client_is_optional_and_must_see_the_directory_first(prelude, message, tmp_path):
     script = (f"import os, sys; d = os.environ['PROMETHEUS_MULTIPROC_DIR']; {prelude}\n"
-              "from sgl_probe.metrics import build_sinks\nprint(len(build_sinks(os.environ)))\n")
+              "from sgl_probe.metrics_setup import build_sinks\nprint(len(build_sinks(os.environ)))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr

@@ -193,6 +193,21 @@ def test_warmup_does_not_decide_the_verdict(tmp_path, capsys):
     assert verify_row[2] == "60" and verify_row[-1] == "2"  # count, warm-up
 
 
+def test_a_shape_called_once_is_compared_with_its_phase(tmp_path, capsys):
+    """A batch size seen once has no other calls of its shape: its first (only) call is compared
+    with the phase's other calls on that rank, so a slow one is still warm-up, a normal one not."""
+    d = tmp_path / "once"
+    d.mkdir()
+    steps = [cycle(2.0) for _ in range(20)] + [cycle(2.0, verify=3000.0), cycle(2.0, verify=31.0)]
+    write_trace(str(d / "sgl-probe-1.jsonl"), steps, sizes=[8] * 20 + [16, 32])
+    capsys.readouterr()
+    assert main(["report", str(d), "--json", "--by-bs"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["warmup"]["by_phase"] == {"verify": 1} and doc["warmup"]["steps"] == 1
+    verify = {r["bs"]: (r["count"], r["warmup_calls"]) for r in doc["phases_by_bs"] if r["phase"] == "verify"}
+    assert verify == {"5-8": (20, 0), "9-16": (0, 1), "17-32": (1, 0)}
+
+
 def test_warmup_rule():
     from sgl_probe.stats import is_warmup
 

@@ -208,7 +208,7 @@ class Aggregator:
         key = (phase, graph, b, rank, mode, bs, token_class(ntok))
         pair = self.shapes.get(key)
         if pair is None:
-            pair = self.shapes[key] = (array("d"), array("q"))
+            pair = self.shapes[key] = (array("d"), array("i"))
         pair[0].append(ms)
         if start is not None:
             k = (phase, start)
@@ -443,24 +443,23 @@ class Aggregator:
         against the median of the shape's other calls (a shape called once: the other calls of
         its phase and graph flag on that rank that are not a shape's first). Fills ``groups``
         with the steady calls, ``warmup_groups`` and ``warmup_steps``."""
-        firsts = {}
-        for key, (vals, idxs) in self.shapes.items():
-            firsts[key] = idxs.index(min(idxs))
-        fallback: dict[tuple, list] = {}
+        shapes = self.shapes
+        firsts = {key: idxs.index(min(idxs)) for key, (_v, idxs) in shapes.items()}
+        # Shapes called once compare with their (phase, graph, rank)'s other calls; collected
+        # only where such a call is slow enough to be a candidate at all.
+        fallback = {(k[0], k[1], k[3]): [] for k, (vals, _i) in shapes.items()
+                    if len(vals) == 1 and vals[0] >= WARMUP_MIN_MS}
+        if fallback:
+            for k, (vals, _i) in shapes.items():
+                got = fallback.get((k[0], k[1], k[3]))
+                if got is not None and len(vals) > 1:
+                    pos = firsts[k]
+                    got += vals[:pos]
+                    got += vals[pos + 1:]
+        fallback_ref = {k: median(v) for k, v in fallback.items()}
 
-        def others_of(phase: str, graph: bool, rank: RankKey) -> list:
-            got = fallback.get((phase, graph, rank))
-            if got is None:
-                got = []
-                for k, (vals, _i) in self.shapes.items():
-                    if k[0] == phase and k[1] == graph and k[3] == rank:
-                        pos = firsts[k]
-                        got += vals[:pos]
-                        got += vals[pos + 1:]
-                fallback[(phase, graph, rank)] = got
-            return got
-
-        for key, (vals, idxs) in self.shapes.items():
+        for key in list(shapes):
+            vals, idxs = shapes.pop(key)  # freed as the groups grow: no second copy at the peak
             gkey = key[:4]
             steady = self.groups.get(gkey)
             if steady is None:
@@ -470,7 +469,7 @@ class Aggregator:
             # is_warmup needs the call >= WARMUP_MIN_MS over a median >= 0: most shapes end here.
             if first >= WARMUP_MIN_MS:
                 rest = vals[:pos] + vals[pos + 1:]
-                ref = median(rest) if rest else median(others_of(key[0], key[1], key[3]))
+                ref = median(rest) if rest else fallback_ref[(key[0], key[1], key[3])]
                 if is_warmup(first, ref if ref == ref else None):
                     steady.extend(rest)
                     self.warmup_groups.setdefault(gkey, array("d")).append(first)

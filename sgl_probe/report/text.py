@@ -69,8 +69,12 @@ def warmup_line(w: dict) -> str:
     if not w["calls"]:
         return f"  warm-up left out: none ({w['rule']})"
     phases = ", ".join(f"{p} {n:,}" for p, n in sorted(w["by_phase"].items(), key=lambda kv: -kv[1]))
-    return (f"  warm-up left out: {w['calls']:,} calls ({phases}; {_ms(w['calls_ms'])} ms) in "
-            f"{w['steps']:,} steps; rule: {w['rule']}")
+    return (f"  warm-up left out: {_n(w['calls'], 'call')} ({phases}; {_ms(w['calls_ms'])} ms) in "
+            f"{_n(w['steps'], 'step')}; rule: {w['rule']}")
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
 
 
 def graph_section(rows: list[dict]) -> list[str]:

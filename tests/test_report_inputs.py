@@ -193,16 +193,22 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
     PHASE_SPANS = {phase_span(p) for p in PHASES}
 
     files = copy_dir(spec_dir, tmp_path / "n")
+    stripped = copy_dir(spec_dir, tmp_path / "o")  # as from a probe that records neither
     host_clock = 0
-    for f in files:
+    for f in files + stripped:
+        new = f in files
         out_lines = []
         for line in f.read_text().splitlines():
             msg = json.loads(line)
             for rs in msg["resourceSpans"]:
-                rs["resource"]["attributes"].append({"key": "host.future_thing", "value": NEW_VALUES[4]})
+                if new:
+                    rs["resource"]["attributes"].append({"key": "host.future_thing", "value": NEW_VALUES[4]})
                 for ss in rs["scopeSpans"]:
                     for sp in ss["spans"]:
-                        attrs = sp["attributes"]
+                        attrs = sp["attributes"] = [a for a in sp["attributes"]
+                                                    if a["key"] not in (START, NO_GRAPH_REASON)]
+                        if not new:
+                            continue
                         attrs += [{"key": f"future.key{i}", "value": v} for i, v in enumerate(NEW_VALUES)]
                         if sp["name"] not in PHASE_SPANS:
                             continue
@@ -231,14 +237,15 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
     assert graphs["decode"]["start"] == {"host_clock": 1.0} and graphs["verify"]["start"] == {"gpu_event": 1.0}
     assert host_clock == graphs["decode"]["calls"] == 12
     # Spans from a probe that records neither attribute: the reason is "not recorded".
-    old = {g["phase"]: g for g in plain["graphs"]}
+    assert main(["report", str(tmp_path / "o"), "--json"]) == 0
+    old = {g["phase"]: g for g in json.loads(capsys.readouterr().out)["graphs"]}
     assert old["verify"]["no_graph_reasons"] == {"not recorded": 1.0} and old["verify"]["start"] == {}
 
     rc, out, err = report(capsys, str(tmp_path / "n"))
     assert rc == 0 and err == ""
     assert "  verify:       no graph in 100.0 % of calls: graphs_disabled 100.0 %; start gpu_event 100.0 %" in out
     assert "  decode:       start host_clock 100.0 %" in out
-    rc, out, _ = report(capsys, spec_dir)
+    rc, out, _ = report(capsys, str(tmp_path / "o"))
     assert "CUDA graphs" not in out  # nothing recorded: no section
 
     via = json.loads(report(capsys, str(tmp_path / "n.jaeger.json"), "--json")[1])

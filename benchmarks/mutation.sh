@@ -2,6 +2,7 @@
 # Mutation score of the runtime core's pure-Python modules against the fast tests (mutmut 3).
 #
 #   benchmarks/mutation.sh [module.py ...]    # default: every module in MODULES below
+#   benchmarks/mutation.sh --retest           # the last run's survivors again, against today's tests
 #
 # Runs in a scratch copy of the checkout (mutmut writes its mutants/ tree next to the sources),
 # so the checkout is left alone. mutmut maps each test to the functions it calls and runs only
@@ -17,15 +18,17 @@ JOBS=${MUTATION_JOBS:-1}
 OUT=$ROOT/benchmarks/results/mutation.json
 
 MODULES=(
-  sgl_probe/envsnap.py sgl_probe/config.py sgl_probe/spans.py sgl_probe/recorder.py
+  sgl_probe/envsnap.py sgl_probe/config.py sgl_probe/spans.py sgl_probe/drain.py sgl_probe/recorder.py
   sgl_probe/readers.py sgl_probe/nccl_confirm.py sgl_probe/redact.py sgl_probe/stats.py
   sgl_probe/report/speculative.py
 )
+RETEST=0
+if [ "${1:-}" = "--retest" ]; then RETEST=1; shift; fi
 [ $# -gt 0 ] && MODULES=("$@")
 TESTS=(
   tests/test_exact_recorder.py tests/test_exact_parsers.py tests/test_exact_report.py
-  tests/test_exact_targets.py tests/test_exact_spans.py tests/test_units.py tests/test_redact.py
-  tests/test_report_verdict.py tests/test_gpu_free_parts.py tests/test_hotpath_no_graph.py
+  tests/test_exact_targets.py tests/test_exact_spans.py tests/test_exact_confirm.py tests/test_units.py
+  tests/test_redact.py tests/test_report_verdict.py tests/test_gpu_free_parts.py tests/test_hotpath_no_graph.py
 )
 
 if [ ! -x "$VENV/bin/mutmut" ]; then
@@ -33,9 +36,16 @@ if [ ! -x "$VENV/bin/mutmut" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[test]" "mutmut>=3.3,<4"
 fi
 
-rm -rf "$WORK"
-mkdir -p "$WORK"
-cp -r "$ROOT/sgl_probe" "$ROOT/tests" "$ROOT/benchmarks" "$ROOT/pyproject.toml" "$WORK/"
+if [ "$RETEST" = 1 ]; then
+  [ -d "$WORK/mutants" ] || { echo "no previous run in $WORK" >&2; exit 2; }
+  # Today's tests; the sources stay as they were mutated.
+  rm -rf "$WORK/tests" && cp -r "$ROOT/tests" "$WORK/"
+else
+  rm -rf "$WORK"
+  mkdir -p "$WORK"
+  cp -r "$ROOT/sgl_probe" "$ROOT/tests" "$ROOT/benchmarks" "$ROOT/pyproject.toml" "$WORK/"
+  git -C "$ROOT" rev-parse HEAD > "$WORK/commit"
+fi
 find "$WORK" -name __pycache__ -prune -exec rm -rf {} +
 {
   echo "[mutmut]"
@@ -49,9 +59,25 @@ find "$WORK" -name __pycache__ -prune -exec rm -rf {} +
 
 cd "$WORK"
 export SGL_PROBE_HARNESS_DIR=${SGL_PROBE_HARNESS_DIR:-$ROOT/.harness}
-commit=$(git -C "$ROOT" rev-parse HEAD)
+commit=$(cat "$WORK/commit")
+names=()
+if [ "$RETEST" = 1 ]; then
+  mapfile -t names < <("$VENV/bin/python" -c '
+import json, pathlib, sys
+for mod in sys.argv[1:]:
+    meta = pathlib.Path("mutants") / (mod + ".meta")
+    if meta.exists():
+        for k, v in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if v in (0, 5, 33, None):
+                print(k)
+' "${MODULES[@]}")
+  echo "retesting ${#names[@]} survivors"
+  [ ${#names[@]} -gt 0 ] || exit 0
+fi
 start=$(date +%s)
-nice -n 10 "$VENV/bin/mutmut" run --max-children "$JOBS" || true
+# mutmut draws a spinner with carriage returns: one line per frame would flood a log, so drop them.
+nice -n 10 "$VENV/bin/mutmut" run --max-children "$JOBS" "${names[@]}" 2>&1 | tr '\r' '\n' \
+  | grep --line-buffered -v '^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]' || true
 "$VENV/bin/python" - "$OUT" "$commit" "$(( $(date +%s) - start ))" "${MODULES[@]}" <<'EOF'
 import json, pathlib, sys
 
@@ -59,23 +85,27 @@ out, commit, seconds, modules = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.
 # mutmut's exit codes: 1/3 the tests failed (killed), 36/24/152/255 timeout (counted as killed:
 # the mutant made the code hang), 0 survived, 33/5 no test reached it, None not run.
 KILLED = {1, 3, 36, 24, -24, 152, 255, 37}
-result = {"tool": "mutmut 3 (benchmarks/mutation.sh)", "commit": commit, "seconds": seconds,
-          "modules": {}}
+path = pathlib.Path(out)
+result = json.loads(path.read_text()) if path.exists() else {}
+result.update({"tool": "mutmut 3 (benchmarks/mutation.sh)", "commit": commit})
+mods = result.setdefault("modules", {})
 for mod in modules:
     meta = pathlib.Path("mutants") / (mod + ".meta")
     codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-    survived = sorted(k for k, v in codes.items() if v not in KILLED)
-    result["modules"][mod.removeprefix("sgl_probe/")] = {
+    mods[mod.removeprefix("sgl_probe/")] = {
         "killed": sum(1 for v in codes.values() if v in KILLED), "total": len(codes),
-        "survived": survived,
-        "not_run": sum(1 for v in codes.values() if v is None),
+        "timeout": sum(1 for v in codes.values() if v in (36, 24, -24, 152, 255)),
         "no_tests": sum(1 for v in codes.values() if v in (5, 33)),
+        "not_run": sum(1 for v in codes.values() if v is None),
+        "survived": sorted(k for k, v in codes.items() if v not in KILLED),
+        "commit": commit,
     }
-k = sum(m["killed"] for m in result["modules"].values())
-t = sum(m["total"] for m in result["modules"].values())
+k = sum(m["killed"] for m in mods.values())
+t = sum(m["total"] for m in mods.values())
 result["overall"] = {"killed": k, "total": t, "score": round(k / t, 4) if t else None}
-pathlib.Path(out).write_text(json.dumps(result, indent=1) + "\n")
-for name, m in result["modules"].items():
+result.setdefault("seconds", {})[" ".join(modules) if len(modules) < 4 else "all"] = seconds
+path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+for name, m in mods.items():
     print(f"{name:28s} {m['killed']:4d}/{m['total']:<4d} killed")
 print(f"{'overall':28s} {k:4d}/{t:<4d} killed ({100 * k / max(t, 1):.1f} %) -> {out}")
 EOF

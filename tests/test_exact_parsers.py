@@ -22,10 +22,12 @@ BAD = {
     contract.ENV_MAX_PENDING: (["0", "-5", "1.5", "lots", "1e3", "inf"], "an integer > 0"),
     contract.ENV_DRAIN_S: (["0", "-1", "0.0", "never", "inf", "nan"], "a number of seconds > 0"),
     contract.ENV_NCCL_CONFIRM: (["please", "2", "y"], "1/true/yes/on or 0/false/no/off"),
+    contract.ENV_METRICS: (["on", "prometheus", "0"], "auto, off"),
 }
 FIELD = {contract.ENV_ENABLE: "enabled", contract.ENV_TIMER: "timer", contract.ENV_SUMMARY_S: "summary_s",
          contract.ENV_ALLOW: "env_allow", contract.ENV_MAX_PENDING: "max_pending",
          contract.ENV_DRAIN_S: "drain_interval_s", contract.ENV_NCCL_CONFIRM: "nccl_confirm",
+         contract.ENV_METRICS: "metrics",
          contract.ENV_TRACE_DIR: "trace_dir"}
 
 
@@ -64,10 +66,8 @@ def test_all_bad_at_once_one_line_each_in_order_and_nothing_else(warnings):
     env = {name: values[0] for name, (values, _) in BAD.items()}
     cfg = config.load(env)
     assert cfg == DEFAULTS
-    assert [line.split("=", 1)[0].rsplit(" ", 1)[1] for line in cfg.problems] == [
-        contract.ENV_ENABLE, contract.ENV_TIMER, contract.ENV_SUMMARY_S, contract.ENV_ALLOW,
-        contract.ENV_MAX_PENDING, contract.ENV_DRAIN_S, contract.ENV_NCCL_CONFIRM]
-    assert len(warnings.records) == 7
+    assert [line.split("=", 1)[0].rsplit(" ", 1)[1] for line in cfg.problems] == list(BAD)
+    assert len(warnings.records) == len(BAD)
 
 
 def test_a_bad_value_leaves_the_other_settings_as_given():
@@ -89,6 +89,7 @@ def test_a_bad_value_leaves_the_other_settings_as_given():
     (contract.ENV_MAX_PENDING, "1", 1), (contract.ENV_MAX_PENDING, " 64 ", 64),
     (contract.ENV_DRAIN_S, "0.01", 0.01), (contract.ENV_DRAIN_S, "3", 3.0),
     (contract.ENV_TRACE_DIR, "/tmp/t r", "/tmp/t r"),
+    (contract.ENV_METRICS, " OFF", "off"), (contract.ENV_METRICS, "auto", "auto"),
 ])
 def test_good_values_are_taken_without_a_word(name, raw, want, warnings):
     cfg = config.load({name: raw})
@@ -106,8 +107,8 @@ def test_empty_values_mean_the_default_silently(name, raw, warnings):
 def test_defaults():
     cfg = config.load({})
     assert (cfg.enabled, cfg.timer, cfg.trace_dir, cfg.summary_s, cfg.env_allow, cfg.max_pending,
-            cfg.drain_interval_s, cfg.nccl_confirm) == (
-        True, "auto", None, 30.0, contract.DEFAULT_ENV_ALLOW, 8192, 0.2, False)
+            cfg.drain_interval_s, cfg.nccl_confirm, cfg.metrics) == (
+        True, "auto", None, 30.0, contract.DEFAULT_ENV_ALLOW, 8192, 0.2, False, "auto")
 
 
 def test_reads_the_process_environment_when_given_none(monkeypatch):

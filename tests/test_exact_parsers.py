@@ -234,3 +234,157 @@ def test_expand_debug_file_uses_this_host_by_default():
     import socket
 
     assert nccl_confirm.expand_debug_file("%h", 1) == socket.gethostname()
+
+
+@pytest.mark.parametrize("subsys,want", [
+    ("^COLL,NET,ENV", "^COLL,NET"),   # an exclusion list keeps its other entries, in order
+    ("^INIT,COLL,,NET", "^COLL,NET"),
+])
+def test_debug_plan_exclusion_lists(subsys, want):
+    assert nccl_confirm.debug_plan({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": subsys,
+                                    "NCCL_DEBUG_FILE": "/f"}, "/p")[0] == {"NCCL_DEBUG_SUBSYS": want}
+
+
+@pytest.mark.parametrize("pattern", ["%X", "%H", "%P", "%x%"])
+def test_expand_debug_file_leaves_other_escapes(pattern):
+    assert nccl_confirm.expand_debug_file(pattern, 9, "hh") == pattern
+
+
+def test_a_setting_the_probe_added_and_the_user_then_removed():
+    # The probe set NCCL_DEBUG_FILE (the user had none) and it is gone from the env by now.
+    attrs = nccl_confirm.confirm_attributes({}, contract.DEFAULT_ENV_ALLOW, {"NCCL_ALGO": "Ring"},
+                                            {"NCCL_DEBUG_FILE": "/d/f"}, {"NCCL_DEBUG_FILE": None}, "/d/f", "x")
+    assert attrs["env.NCCL_ALGO"] == "Ring" and attrs["sgl_probe.nccl.not_confirmed"] == ["NCCL_ALGO"]
+
+
+# -- the confirmer's life cycle ---------------------------------------------------------------------
+
+COMPLETE_LOG = "h:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to NVL\nh:1:1 [0] NCCL INFO x Init COMPLETE\n"
+
+
+def confirmer(tmp_path, environ=None):
+    sent = []
+    c = nccl_confirm.Confirmer(contract.DEFAULT_ENV_ALLOW, lambda attrs, when: sent.append((attrs, when)),
+                               directory=str(tmp_path), environ={} if environ is None else environ)
+    return c, sent
+
+
+def test_unarmed_confirmer_reports_no_log(tmp_path):
+    c, sent = confirmer(tmp_path)
+    assert (c.changes, c.original, c.path) == ({}, {}, "")
+    assert c.read() == ({}, False, False)
+    assert c.finish() is True and c.finish() is False
+    attrs, when = sent[0]
+    assert attrs["sgl_probe.nccl.status"] == "no_log" and attrs["sgl_probe.nccl.set_by_probe"] == []
+    assert attrs["sgl_probe.nccl.debug_file"] == ""
+    import time
+
+    assert isinstance(when, int) and abs(when - time.time_ns()) < 60 * 10**9
+
+
+@pytest.mark.parametrize("text,status", [(COMPLETE_LOG, "init_complete"),
+                                         ("h NCCL INFO NCCL_ALGO set by environment to Ring\n", "incomplete")])
+def test_finish_at_exit_says_how_far_nccl_got(tmp_path, text, status):
+    c, sent = confirmer(tmp_path)
+    c.arm()
+    with open(c.path, "wb") as fh:
+        fh.write(text.encode() + b"\xff\xfe junk\n")  # undecodable bytes must not stop the read
+    c._at_exit()
+    assert len(sent) == 1 and sent[0][0]["sgl_probe.nccl.status"] == status
+    assert c.done.is_set()
+
+
+def test_arm_says_where_the_debug_output_goes(tmp_path, caplog):
+    import os
+
+    c, _ = confirmer(tmp_path)
+    logger = logging.getLogger("sgl_probe")
+    old, logger.propagate = logger.propagate, True
+    try:
+        with caplog.at_level(logging.INFO, logger="sgl_probe"):
+            c.arm()
+    finally:
+        logger.propagate = old
+    assert [r.getMessage() for r in caplog.records] == [
+        f"sgl-probe: SGL_PROBE_NCCL_CONFIRM: NCCL debug output of pid {os.getpid()} goes to "
+        f"{tmp_path}/nccl.{os.getpid()}.log"]
+
+
+def test_arm_without_a_directory_makes_a_private_one():
+    import os
+    import shutil
+
+    c = nccl_confirm.Confirmer(contract.DEFAULT_ENV_ALLOW, lambda a, w: None, environ={})
+    c.arm()
+    try:
+        assert os.path.basename(c.directory).startswith("sgl-probe-nccl-")
+        assert os.stat(c.directory).st_mode & 0o777 == 0o700
+    finally:
+        shutil.rmtree(c.directory)
+
+
+def test_poll_boundaries(tmp_path):
+    c, sent = confirmer(tmp_path)
+    c.arm()
+    t0 = c._armed_at
+    assert c.poll_once(now=t0 + c.TIMEOUT_S - 0.001) is None and sent == []
+    c.poll_once(now=t0 + c.TIMEOUT_S)  # exactly the timeout, no file: no_log
+    assert sent[0][0]["sgl_probe.nccl.status"] == "no_log"
+    c, sent = confirmer(tmp_path / "b")
+    (tmp_path / "b").mkdir()
+    c.arm()
+    open(c.path, "w").write("h NCCL INFO NCCL_ALGO set by environment to Ring\n")
+    c.poll_once(now=c._armed_at + c.TIMEOUT_S)  # a log without Init COMPLETE: timeout
+    assert sent[0][0]["sgl_probe.nccl.status"] == "timeout"
+    c, sent = confirmer(tmp_path / "c")
+    (tmp_path / "c").mkdir()
+    c.arm()
+    open(c.path, "w").write(COMPLETE_LOG)
+    since = c.poll_once(now=100.0)
+    assert since == 100.0 and c.poll_once(now=100.0 + c.GRACE_S - 0.001, complete_since=since) == since
+    assert sent == []
+    c.poll_once(now=100.0 + c.GRACE_S, complete_since=since)  # exactly the grace period
+    assert sent[0][0]["sgl_probe.nccl.status"] == "init_complete"
+    assert sent[0][0]["nccl.confirmed.NCCL_P2P_LEVEL"] == "NVL"
+
+
+def test_watcher_thread_emits_once_after_the_grace_period(tmp_path):
+    c, sent = confirmer(tmp_path)
+    c.POLL_S, c.GRACE_S = 0.01, 0.05
+    c.arm()
+    open(c.path, "w").write(COMPLETE_LOG)
+    c.start()
+    try:
+        assert c._thread.daemon is True and c._thread.name == "sgl-probe-nccl-confirm"
+        assert c.done.wait(10)
+        c._thread.join(10)
+        assert not c._thread.is_alive()
+    finally:
+        import atexit
+
+        atexit.unregister(c._at_exit)
+    assert len(sent) == 1 and sent[0][0]["sgl_probe.nccl.status"] == "init_complete"
+
+
+def test_watcher_stops_quietly_on_its_own_error(tmp_path, caplog):
+    c, sent = confirmer(tmp_path)
+    c.POLL_S = 0.01
+    c.arm()
+
+    def boom(**kw):
+        raise OSError("disk gone")
+
+    c.poll_once = boom
+    logger = logging.getLogger("sgl_probe")
+    old, logger.propagate = logger.propagate, True
+    try:
+        with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+            c.start()
+            c._thread.join(10)
+    finally:
+        logger.propagate = old
+        import atexit
+
+        atexit.unregister(c._at_exit)
+    assert not c._thread.is_alive() and sent == []
+    assert [r.getMessage() for r in caplog.records] == ["sgl-probe: NCCL confirm watcher: OSError('disk gone')"]

@@ -27,7 +27,7 @@ if [ "${1:-}" = "--retest" ]; then RETEST=1; shift; fi
 [ $# -gt 0 ] && MODULES=("$@")
 TESTS=(
   tests/test_exact_recorder.py tests/test_exact_parsers.py tests/test_exact_report.py
-  tests/test_exact_targets.py tests/test_exact_spans.py tests/test_exact_confirm.py tests/test_units.py
+  tests/test_exact_targets.py tests/test_exact_spans.py tests/test_units.py
   tests/test_redact.py tests/test_report_verdict.py tests/test_gpu_free_parts.py tests/test_hotpath_no_graph.py
 )
 
@@ -47,7 +47,9 @@ else
   git -C "$ROOT" rev-parse HEAD > "$WORK/commit"
 fi
 find "$WORK" -name __pycache__ -prune -exec rm -rf {} +
-{
+# A retest keeps the settings of the run it continues: mutmut forgets every result when the test
+# selection changes.
+[ "$RETEST" = 1 ] || {
   echo "[mutmut]"
   echo "source_paths=sgl_probe"
   echo "also_copy=benchmarks"

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from sgl_probe import metrics_setup, sinks
 from sgl_probe.contract import ENV_SPAN
 from sgl_probe.drain import release_step, resolve_step, step_ready
+from sgl_probe.exporter_process import ProcessSink
 from sgl_probe.resolved import ResolvedStep
 from sgl_probe.sampling import StepSampling
 from sgl_probe.summary import Summary
@@ -82,7 +83,8 @@ class Pipeline:
         self.sampling = StepSampling(run_id, ident)
         self.sink: Any = None
         if exporting(cfg):
-            self.sink = InProcessSink(cfg, run_id, ident, recorder.spec, sglang_version)
+            kind = InProcessSink if in_process else ProcessSink
+            self.sink = kind(cfg, run_id, ident, recorder.spec, sglang_version)
         self.metrics = metrics_setup.phase_metrics(
             ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics)
         self._lock = threading.Lock()

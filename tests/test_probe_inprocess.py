@@ -294,7 +294,9 @@ def test_full_export_queue_drops_are_counted(probe_factory):
     sched.worker.work_s = 0.0
     for _ in range(50):
         sched.run_batch(Batch(ForwardMode.DECODE, 1))
-    probe.pipeline.drain()
+    deadline = time.monotonic() + 15  # the exporter process reports its counts every 0.5 s
+    while probe.pipeline.drain() is not None and probe.pipeline.export_dropped == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert probe.pipeline.export_dropped > 0
     line = probe.pipeline.summary.line(dropped=probe.pipeline.export_dropped)
     assert f"dropped={probe.pipeline.export_dropped}" in line
@@ -383,10 +385,11 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
 
     probe = probe_factory({**receiver.env("grpc"), "OTEL_TRACES_SAMPLER": "traceidratio",
                            "OTEL_TRACES_SAMPLER_ARG": "0.5", "SGL_PROBE_SUMMARY_S": "3600"})
-    built = []
-    real_build = spans_mod.build_step_spans
-    monkeypatch.setattr(spans_mod, "build_step_spans", lambda step, *a: built.append(step.index) or real_build(step, *a))
     sched = workload.Scheduler(None, tp_rank=0)
+    built = []  # steps that leave this process (spans are built from them in the exporter process)
+    real_send = probe.pipeline.sink.send_steps
+    monkeypatch.setattr(probe.pipeline.sink, "send_steps",
+                        lambda steps, slow: built.extend(st.index for st in steps) or real_send(steps, slow))
     sched.worker.work_s = 0.0
     n = 40
     for _ in range(n):
@@ -402,3 +405,4 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
     got = {s.attributes["sglang.step_index"] for s in receiver.spans() if s.name == "sglang.step"}
     assert got == want and sorted(built) == sorted(want)
     assert probe.pipeline.summary.line().split("]: ", 1)[1].startswith(f"decode n={n} ")
+    assert probe.pipeline.sampling.sampled_out == n - len(want)

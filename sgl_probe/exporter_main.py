@@ -1,0 +1,161 @@
+"""The exporter process: resolved steps in over the link (:mod:`sgl_probe.wire`), spans out
+through the OpenTelemetry SDK (:class:`sgl_probe.sinks.SpanSink`).
+
+One per server process, started by it (:mod:`sgl_probe.exporter_process`) with
+``python -m sgl_probe.exporter_main FD SERVER_PID``. It never outlives that process: it exits
+when the link closes (the server exited, however it exited) or, checked every second, when the
+server is no longer its parent; either way it first flushes what it has, for a bounded time.
+Ctrl-C reaches the whole process group: this process ignores it and lets the server decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+STATS_EVERY_S = 0.5
+FLUSH_ON_EXIT_S = 5.0
+
+log = logging.getLogger("sgl_probe")
+
+
+class Exporter:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sink: Any = None
+        self.meta: Optional[tuple] = None
+        self.resource: Any = None
+        self.received = 0
+        self._last_stats = 0.0
+        self._stats_sent: Optional[tuple] = None
+
+    def stats(self) -> tuple:
+        sink = self.sink
+        if sink is None:
+            return (self.received, 0, 0)
+        return (self.received, sink.settled, sink.dropped)
+
+    def handle(self, kind: str, payload: Any) -> bool:
+        """False when told to stop."""
+        from sgl_probe import spans as spans_mod, wire
+
+        if kind == wire.STEPS:
+            steps, kept_slow = payload
+            self.received += sum(1 + len(st.phases) for st in steps)
+            if self.sink is not None:
+                run_id, ident, spec = self.meta[0], self.meta[1], self.meta[2]
+                self.sink.steps(steps, run_id, ident, spec, self.resource, kept_slow)
+        elif kind == wire.ENV:
+            attrs, when_ns, name = payload
+            self.received += 1
+            if self.sink is not None:
+                self.sink.offer([spans_mod.build_env_span(attrs, when_ns, self.meta[0], self.meta[1],
+                                                           self.resource, name)])
+        elif kind == wire.META:
+            self._set_meta(payload)
+        elif kind == wire.FLUSH:
+            if self.sink is not None:
+                self.sink.flush(FLUSH_ON_EXIT_S)
+            self._send(wire.FLUSHED, (payload, self.stats()))
+        elif kind == wire.STOP:
+            return False
+        return True
+
+    def _set_meta(self, meta: tuple) -> None:
+        from sgl_probe import sinks
+
+        run_id, ident, spec, version, pid, trace_dir = meta
+        if self.sink is None:
+            self.sink = sinks.SpanSink(trace_dir, pid)
+        self.meta = meta
+        self.resource = sinks.make_resource(ident, run_id, version, pid)
+
+    def _send(self, kind: str, payload: Any) -> None:
+        from sgl_probe import wire
+
+        try:
+            self.sock.send(wire.encode(kind, payload), socket.MSG_DONTWAIT)
+        except OSError:
+            pass  # the server is gone or not reading: it will ask again
+
+    def maybe_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats < STATS_EVERY_S:
+            return
+        self._last_stats = now
+        stats = self.stats()
+        if stats != self._stats_sent:
+            from sgl_probe import wire
+
+            self._stats_sent = stats
+            self._send(wire.STATS, stats)
+
+    def finish(self) -> None:
+        """Flush and shut the exporters down, for a bounded time (the collector may be gone)."""
+        if self.sink is None:
+            return
+        t = threading.Thread(target=self.sink.shutdown, name="sgl-probe-exporter-exit", daemon=True)
+        t.start()
+        t.join(FLUSH_ON_EXIT_S)
+
+
+def serve(sock: socket.socket, server_pid: int) -> None:
+    from sgl_probe import wire
+
+    exporter = Exporter(sock)
+    sock.settimeout(1.0)
+    try:
+        while True:
+            try:
+                data = sock.recv(1 << 20)
+            except socket.timeout:
+                data = None
+            except OSError:
+                break
+            if data == b"":  # every copy of the server's end is closed
+                break
+            if data is not None:
+                try:
+                    if not exporter.handle(*wire.decode(data)):
+                        break
+                except Exception as exc:
+                    log.warning("sgl-probe exporter: dropping a message: %r", exc)
+            elif os.getppid() != server_pid:
+                break
+            exporter.maybe_stats()
+    finally:
+        exporter.finish()
+        exporter.maybe_stats()
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # unwinds serve(): flush, then exit
+
+
+def main(argv: list[str]) -> int:
+    fd, server_pid = int(argv[1]), int(argv[2])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "[%(asctime)s sgl-probe pid " + str(server_pid) + " exporter] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if os.getppid() != server_pid:  # the server died before we got here
+        return 0
+    serve(socket.socket(fileno=fd), server_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # exporter threads (gRPC) must not hold the exit

@@ -1,0 +1,255 @@
+"""The server side of the exporter process: start it, feed it resolved steps, watch it.
+
+Everything here runs on the probe's drain thread (or a caller's flush/shutdown), never on
+SGLang's scheduler thread, and never waits on the exporter: a send that finds the link full
+drops that message and counts its spans. An exporter that dies is counted, said once in the log
+and started again, up to :data:`MAX_RESTARTS` times; then export is given up (one more line) and
+every later span is counted as dropped. Spans the dead process had not finished with count as
+dropped too.
+
+Each server process has its own exporter, so one rank's exporter failing touches no other rank.
+The exporter is a fresh interpreter (``subprocess``, no fork of the server's state): safe
+whether the server's processes were started by fork or spawn. After a fork the child process
+drops the link it inherited (without a word to the exporter, which belongs to the parent) and
+starts its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+from sgl_probe import wire
+
+log = logging.getLogger("sgl_probe")
+
+MAX_RESTARTS = 3
+_live: "weakref.WeakSet[ProcessSink]" = weakref.WeakSet()
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ProcessSink:
+    def __init__(self, cfg, run_id: str, ident: dict, spec: dict, sglang_version: Optional[str]) -> None:
+        self.trace_dir = cfg.trace_dir
+        self.run_id, self.ident, self.spec, self.version = run_id, ident, spec, sglang_version
+        self.pid = os.getpid()
+        self.proc: Optional[subprocess.Popen] = None
+        self.deaths = 0
+        self.given_up = False
+        self.closed = False  # shut down: no more sends, no restarts
+        self.link_dropped = 0  # spans refused by a full link, or sent after giving up
+        self.lost = 0  # spans a dead exporter had not finished with
+        self.sent = 0  # spans sent to the current exporter
+        self.stats = (0, 0, 0)  # the current exporter's (received, settled, dropped)
+        self._meta_sent: Any = None
+        self._lock = threading.RLock()
+        self._flush_token = 0
+        self._sock: Any = None
+        self._theirs: Any = None
+        self._open_link()
+        _live.add(self)
+
+    # -- link and process ------------------------------------------------------------------
+    def _open_link(self) -> None:
+        self._sock, self._theirs = wire.pair()
+        self.sent = 0
+        self.stats = (0, 0, 0)
+        self._meta_sent = None
+
+    def _spawn(self) -> None:
+        """Started lazily (first drain), so the server's own thread never pays for it; what was
+        sent before waits in the link."""
+        theirs = self._theirs
+        self._theirs = None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
+        env["SGL_PROBE"] = "0"  # the exporter is not a server process: nothing to instrument
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sgl_probe.exporter_main", str(theirs.fileno()), str(self.pid)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        except Exception as exc:
+            self._give_up("cannot start the exporter process (%r)" % (exc,))
+        finally:
+            theirs.close()
+
+    def _died(self, why: str) -> None:
+        self.deaths += 1
+        received, settled, dropped = self.stats
+        self.lost += max(0, self.sent - settled) + dropped
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+                self.proc.wait(1.0)
+            except Exception:
+                pass
+        self.proc = None
+        if self.deaths > MAX_RESTARTS:
+            self._give_up("the exporter process %s, %d times" % (why, self.deaths))
+            return
+        log.warning("sgl-probe: the exporter process %s (%d/%d); starting a new one; its unfinished "
+                    "spans count as dropped", why, self.deaths, MAX_RESTARTS)
+        self._open_link()
+
+    def _give_up(self, why: str) -> None:
+        log.warning("sgl-probe: %s; no more spans from this process (the summary line goes on and "
+                    "counts them as dropped)", why)
+        self.given_up = True
+        self._sock = None
+
+    def _check(self) -> None:
+        if self.given_up or self.closed:
+            return
+        if self.proc is None and self._theirs is not None:
+            self._spawn()
+            return
+        if self.proc is not None:
+            code = self.proc.poll()
+            if code is not None:
+                self._died("exited (code %s)" % code)
+                return
+        self._read_replies()
+
+    def _read_replies(self, want_token: Optional[int] = None) -> bool:
+        got = False
+        sock = self._sock
+        while sock is not None:
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not data:
+                break
+            kind, payload = wire.decode(data)
+            if kind == wire.STATS:
+                self.stats = payload
+            elif kind == wire.FLUSHED:
+                token, self.stats = payload
+                got = got or token == want_token
+        return got
+
+    def _send(self, data: bytes, spans: int) -> bool:
+        if self.given_up or self.closed:
+            self.link_dropped += spans
+            return False
+        try:
+            self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            self.link_dropped += spans
+            return False
+        except OSError as exc:  # the exporter is gone (EPIPE / ECONNRESET)
+            self.link_dropped += spans
+            self._died("closed its end (%s)" % type(exc).__name__)
+            return False
+        self.sent += spans
+        return True
+
+    def _send_meta(self) -> None:
+        meta = (self.run_id, dict(self.ident), dict(self.spec), self.version, self.pid, self.trace_dir)
+        if meta != self._meta_sent and self._send(wire.encode(wire.META, meta), 0):
+            self._meta_sent = meta
+
+    # -- the sink interface ----------------------------------------------------------------
+    def send_steps(self, steps: list, kept_slow: list) -> None:
+        with self._lock:
+            if os.getpid() != self.pid:
+                return
+            self._check()
+            for data, spans in wire.encode_steps(steps, kept_slow):
+                self._send_meta()  # first on every link, also on one opened after a death
+                self._send(data, spans)
+
+    def send_env(self, attrs: dict, when_ns: int, name: str) -> None:
+        with self._lock:
+            if os.getpid() != self.pid:
+                return
+            self._send_meta()
+            self._send(wire.encode(wire.ENV, (attrs, when_ns, name)), 1)
+
+    def poll(self) -> None:
+        """Once per drain: start the exporter, notice its death, read its counts."""
+        with self._lock:
+            if os.getpid() == self.pid:
+                self._check()
+
+    @property
+    def dropped(self) -> int:
+        return self.link_dropped + self.lost + self.stats[2]
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait (up to ``timeout_s``) until the exporter has exported everything sent so far."""
+        with self._lock:
+            if os.getpid() != self.pid:
+                return False
+            self._check()
+            if self.given_up:
+                return False
+            self._flush_token += 1
+            token = self._flush_token
+            if not self._send(wire.encode(wire.FLUSH, token), 0):
+                return False
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if self._read_replies(token):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc is None or self.proc.poll() is not None:
+                    return False
+                select.select([self._sock], [], [], min(left, 0.2))
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Ask the exporter to flush and exit; wait for it at most ``timeout_s``."""
+        with self._lock:
+            if os.getpid() != self.pid or self.given_up or self.closed:
+                return
+            if self.proc is None and self._theirs is not None:
+                self._spawn()
+            if self._sock is not None:
+                self._send(wire.encode(wire.STOP, None), 0)
+            self.closed = True
+            proc = self.proc
+        if proc is not None:
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass  # it exits on its own once the link closes with this process
+        with self._lock:
+            self._read_replies()
+            self._sock.close()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close the inherited link without telling the parent's exporter."""
+        for sock in (self._sock, self._theirs):
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+        self._sock = self._theirs = None
+        self.proc = None
+        self.given_up = True
+
+
+def _after_fork_in_child() -> None:
+    for sink in list(_live):
+        if sink.pid != os.getpid():
+            sink.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

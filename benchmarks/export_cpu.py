@@ -1,0 +1,326 @@
+"""CPU the probe's export costs inside the server process: exporting in-process (spans built and
+OTLP-encoded on the drain and BatchSpanProcessor threads of the server process) vs the exporter
+process (the server process only resolves steps and sends them over a socket), in one run.
+
+Each measured run is a fresh process driving the real probe (wrapped calls -> recorder -> drain ->
+export) over a scheduler-shaped loop whose phase blocks like a GPU wait (``time.sleep``, the GIL
+released), exporting every step over OTLP/gRPC to a real receiver on localhost in this process.
+``in_process_cpu_us_per_step`` is that process's CPU time (all threads) over the measured steps,
+including the loop's own cost (``off``: the same loop with no probe); the exporter process's CPU is
+``out_of_process_cpu_us_per_step``. Runs alternate between the designs; medians are printed with
+the ratio. ``sleep_overshoot_us`` is how late the loop's blocking call returned (p50 / p99): a
+thread of the same process holding the GIL makes the scheduler thread wait for it.
+
+    python3 benchmarks/export_cpu.py [--steps 3000] [--repeats 3] [--step-ms 1.0] [--trace-dir]
+                                     [--json FILE]
+
+``--breakdown`` adds where the CPU goes per step, stage by stage (thread CPU time, same steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DESIGNS = ("off", "in_process", "out_of_process")
+MODULE = "export_cpu_workload"
+
+
+# -- the measured process -----------------------------------------------------------------------
+
+def _workload(step_s: float):
+    """Scheduler-shaped classes in a module of their own (the probe wraps them by name)."""
+    import types
+
+    from tests.workload import Batch, ForwardMode, Result
+
+    mod = types.ModuleType(MODULE)
+    sleep = time.sleep
+    perf = time.perf_counter
+    late: list = []
+
+    class GraphRunner:
+        def replay(self):
+            return None
+
+    class Worker:
+        def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False):
+            t0 = perf()
+            sleep(step_s)  # the GPU wait: the GIL is released, as in SGLang's synchronize
+            late.append(perf() - t0 - step_s)
+            GraphRunner().replay()
+            return Result(True)
+
+    class Scheduler:
+        def __init__(self, server_args=None, tp_rank: int = 0, pp_rank: int = 0, dp_rank=None) -> None:
+            self.worker = Worker()
+
+        def run_batch(self, batch):
+            return self.worker.forward_batch_generation(batch)
+
+    for cls in (GraphRunner, Worker, Scheduler):
+        cls.__module__ = MODULE
+        setattr(mod, cls.__name__, cls)
+    sys.modules[MODULE] = mod
+    return Scheduler, Batch(ForwardMode.DECODE, 8), late
+
+
+def _table():
+    from sgl_probe.targets import Target
+
+    return (
+        Target("step", ("step",), MODULE, "Scheduler.run_batch", "step"),
+        Target("identity", ("identity",), MODULE, "Scheduler.__init__", "identity"),
+        Target("phase", ("decode", "extend"), MODULE, "Worker.forward_batch_generation", "forward"),
+        Target("graph", ("graph",), MODULE, "GraphRunner.replay", "graph"),
+    )
+
+
+def _proc_cpu_s(pid: int, path: str = "") -> float:
+    """utime + stime of a process (or, with ``path``, a thread), from /proc (0 when it is gone)."""
+    try:
+        with open(path or f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def _threads_cpu_s() -> dict:
+    """CPU seconds per thread of this process, keyed by Python thread name ("native" for the
+    threads Python does not know, e.g. gRPC's)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict = {}
+    for tid in os.listdir("/proc/self/task"):
+        cpu = _proc_cpu_s(int(tid), "/proc/self/task/%s/stat" % tid)
+        name = names.get(int(tid), "native")
+        name = "sgl-probe-drain" if name.startswith("sgl-probe-drain") else name
+        if name.startswith("OtelBatch") or "BatchProcessor" in name:
+            name = "batch-span-processor"
+        out[name] = out.get(name, 0.0) + cpu
+    return out
+
+
+def _self_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def worker(design: str, steps: int, step_ms: float) -> dict:
+    Scheduler, batch, late = _workload(step_ms / 1000.0)
+    probe = None
+    if design != "off":
+        from sgl_probe import config
+        from sgl_probe.activate import Probe
+        from sgl_probe.export import Pipeline
+
+        probe = Probe(config.load(), targets=_table())
+        probe.instrumentor.instrument()
+        if design == "in_process":  # the server-process export, as it was before the exporter process
+            probe.pipeline = Pipeline(probe.recorder, probe.cfg, probe.run_id, probe.ident, probe.version,
+                                      in_process=True)
+            probe.pipeline.start()
+    sched = Scheduler(None, tp_rank=0)
+    for _ in range(200):  # warm-up: first connection, exporter process started and importing
+        sched.run_batch(batch)
+    if probe is not None:
+        probe.pipeline.flush(60.0)
+    for t in threading.enumerate():  # one-off startup work (the run fingerprint) is not per step
+        if t.name == "sgl-probe-fingerprint":
+            t.join(60.0)
+    exporter_pid = getattr(getattr(probe.pipeline.sink, "proc", None), "pid", None) if probe else None
+    del late[:]
+    th0 = _threads_cpu_s()
+    c0, x0, t0 = _self_cpu_s(), _proc_cpu_s(exporter_pid) if exporter_pid else 0.0, time.perf_counter()
+    for _ in range(steps):
+        sched.run_batch(batch)
+    if probe is not None:
+        probe.pipeline.flush(120.0)  # what the measured steps cost, up to their export
+    c1, x1, t1 = _self_cpu_s(), _proc_cpu_s(exporter_pid) if exporter_pid else 0.0, time.perf_counter()
+    th1 = _threads_cpu_s()
+    out = {"design": design, "steps": steps, "wall_s": t1 - t0,
+           "in_process_cpu_us_per_step": (c1 - c0) / steps * 1e6,
+           "out_of_process_cpu_us_per_step": (x1 - x0) / steps * 1e6}
+    out["threads_cpu_us_per_step"] = {name: (cpu - th0.get(name, 0.0)) / steps * 1e6 for name, cpu in th1.items()}
+    late.sort()
+    out["sleep_overshoot_us"] = {"p50": late[len(late) // 2] * 1e6, "p99": late[int(len(late) * 0.99)] * 1e6}
+    if probe is not None:
+        pipe = probe.pipeline
+        sink = pipe.sink
+        out["sent"] = sink.sent if design == "out_of_process" else sink.spans.exported
+        out["dropped"] = pipe.export_dropped + probe.recorder.dropped_steps
+        out["run_id"] = probe.run_id
+        pipe.shutdown(30.0)
+    return out
+
+
+# -- stage by stage -----------------------------------------------------------------------------
+
+def breakdown(steps: int) -> dict:
+    """Thread CPU per step of each stage, over the same recorded steps (no export threads)."""
+    from google.protobuf import json_format
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from sgl_probe import config, spans as spans_mod, wire
+    from sgl_probe.activate import Probe
+    from sgl_probe.drain import resolve_step
+    from sgl_probe.sinks import make_resource
+
+    os.environ.update({"SGL_PROBE_DRAIN_S": "100000", "SGL_PROBE_MAX_PENDING": str(steps + 10),
+                       "SGL_PROBE_SUMMARY_S": "30"})
+    Scheduler, batch, _ = _workload(0.0)
+    tt = time.thread_time
+    sched = Scheduler(None, tp_rank=0)
+    t0 = tt()
+    for _ in range(steps):
+        sched.run_batch(batch)
+    bare = tt() - t0
+    probe = Probe(config.load(), targets=_table())
+    probe.instrumentor.instrument()
+    sched = Scheduler(None, tp_rank=0)
+    probe.recorder.steps.clear()
+    t0 = tt()
+    for _ in range(steps):
+        sched.run_batch(batch)
+    wrapped = tt() - t0
+    rec, pipe = probe.recorder, probe.pipeline
+    records = list(rec.steps)
+    rec.steps.clear()
+    out = {"hot_path": (wrapped - bare)}
+    t0 = tt()
+    resolved = [resolve_step(st, rec.timer) for st in records]
+    out["resolve"] = tt() - t0
+    t0 = tt()
+    for step in resolved:
+        pipe.observe(step)
+    out["summary_and_observers"] = tt() - t0
+    t0 = tt()
+    wire.encode_steps(resolved, [False] * len(resolved))
+    out["pickle_for_the_link"] = tt() - t0
+    res = make_resource({"tp_rank": 0}, "bench", None)
+    t0 = tt()
+    built = [s for step in resolved for s in spans_mod.build_step_spans(step, "bench", {"tp_rank": 0}, {}, res)]
+    out["build_spans"] = tt() - t0
+    t0 = tt()
+    for i in range(0, len(built), 512):
+        encode_spans(built[i:i + 512]).SerializeToString()
+    out["otlp_protobuf_encode"] = tt() - t0
+    t0 = tt()
+    for i in range(0, len(built), 512):
+        json.dumps(json_format.MessageToDict(encode_spans(built[i:i + 512])))
+    out["trace_dir_json"] = tt() - t0
+    return {k: v / steps * 1e6 for k, v in out.items()}
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+def _run_worker(design: str, args, receiver, trace_dir) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
+    env.update(receiver.env("grpc"))
+    env.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(ROOT),
+                "SGL_PROBE_RUN_ID": "export-cpu-%s-%d" % (design, time.time_ns())})
+    if trace_dir:
+        env["SGL_PROBE_TRACE_DIR"] = trace_dir
+    cmd = [sys.executable, __file__, "--worker", design, "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError("%s run failed:\n%s" % (design, done.stderr[-3000:]))
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    if design != "off":
+        run_id = res.pop("run_id")
+        want = res["sent"] - res["dropped"]
+        deadline = time.monotonic() + 30
+        got = 0
+        while time.monotonic() < deadline:
+            got = sum(1 for s in receiver.spans() if s.resource.get("sgl_probe.run_id") == run_id)
+            if got >= want:
+                time.sleep(0.3)  # nothing more should arrive; count again
+                got = sum(1 for s in receiver.spans() if s.resource.get("sgl_probe.run_id") == run_id)
+                break
+            time.sleep(0.2)
+        res["spans_received"] = got
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--step-ms", type=float, default=1.0, help="the blocking wait inside each step")
+    ap.add_argument("--trace-dir", action="store_true", help="also write the trace dir (both designs)")
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--worker", choices=DESIGNS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.step_ms)))
+        return 0
+    from sgl_probe.testing.receiver import OTLPReceiver
+
+    runs: dict = {d: [] for d in DESIGNS}
+    with OTLPReceiver() as receiver, tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            order = DESIGNS if r % 2 == 0 else DESIGNS[::-1]
+            for design in order:
+                runs[design].append(_run_worker(design, args, receiver, tmp if args.trace_dir else None))
+                receiver.clear()
+
+    def med(design: str, key: str) -> float:
+        return statistics.median(run[key] for run in runs[design])
+
+    new, old = "out_of_process", "in_process"
+    result = {
+        "steps": args.steps * args.repeats,
+        "repeats": args.repeats,
+        "step_ms": args.step_ms,
+        "exports": "otlp-grpc" + (" + trace dir" if args.trace_dir else ""),
+        "in_process_cpu_us_per_step": med(new, "in_process_cpu_us_per_step"),
+        "out_of_process_cpu_us_per_step": med(new, "out_of_process_cpu_us_per_step"),
+        "spans_sent": sum(run["sent"] for run in runs[new]),
+        "spans_received": sum(run["spans_received"] for run in runs[new]),
+        "dropped": sum(run["dropped"] for run in runs[new]),
+        "loop_without_probe_cpu_us_per_step": med("off", "in_process_cpu_us_per_step"),
+        "before": {
+            "in_process_cpu_us_per_step": med(old, "in_process_cpu_us_per_step"),
+            "spans_sent": sum(run["sent"] for run in runs[old]),
+            "spans_received": sum(run["spans_received"] for run in runs[old]),
+            "dropped": sum(run["dropped"] for run in runs[old]),
+        },
+        "in_process_cpu_ratio_new_vs_before": med(new, "in_process_cpu_us_per_step")
+        / med(old, "in_process_cpu_us_per_step"),
+        "probe_cpu_us_per_step": {d: med(d, "in_process_cpu_us_per_step") - med("off", "in_process_cpu_us_per_step")
+                                  for d in (old, new)},
+        "sleep_overshoot_us_p99": {d: statistics.median(run["sleep_overshoot_us"]["p99"] for run in runs[d])
+                                   for d in DESIGNS},
+        "runs": runs,
+    }
+    if args.breakdown:
+        done = subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = [%r, %r]; import export_cpu, json; "
+                               "print(json.dumps(export_cpu.breakdown(%d)))"
+                               % (str(ROOT), str(Path(__file__).parent), args.steps)],
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(ROOT)})
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        result["breakdown_cpu_us_per_step"] = json.loads(done.stdout.strip().splitlines()[-1])
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

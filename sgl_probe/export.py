@@ -63,6 +63,8 @@ class InProcessSink:
     def poll(self) -> None:
         pass
 
+    backlogged = False
+
 
 def exporting(cfg) -> bool:
     """Whether spans go anywhere (an OTLP endpoint or a trace dir)."""
@@ -107,7 +109,14 @@ class Pipeline:
 
     def _run(self) -> None:
         interval = self.cfg.drain_interval_s
-        while not self._stop.wait(interval):
+        while True:
+            sink = self.sink
+            if sink is not None and sink.backlogged:  # a burst the link could not take at once
+                sink.pump_for(interval)
+                if self._stop.is_set():
+                    break
+            elif self._stop.wait(interval):
+                break
             try:
                 self.drain()
             except Exception as exc:  # keep draining; one bad record must not stop export

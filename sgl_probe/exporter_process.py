@@ -16,6 +16,7 @@ starts its own.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import select
@@ -31,6 +32,9 @@ from sgl_probe import wire
 log = logging.getLogger("sgl_probe")
 
 MAX_RESTARTS = 3
+#: Messages the link could not take yet wait here, in order (a burst larger than the socket's
+#: buffer, an exporter still starting); beyond this, new steps are dropped and counted.
+MAX_BACKLOG_BYTES = 16 << 20
 _live: "weakref.WeakSet[ProcessSink]" = weakref.WeakSet()
 
 
@@ -56,6 +60,8 @@ class ProcessSink:
         self._flush_token = 0
         self._sock: Any = None
         self._theirs: Any = None
+        self._backlog: collections.deque = collections.deque()  # (message, spans it carries)
+        self._backlog_bytes = 0
         self._open_link()
         _live.add(self)
 
@@ -86,7 +92,9 @@ class ProcessSink:
     def _died(self, why: str) -> None:
         self.deaths += 1
         received, settled, dropped = self.stats
-        self.lost += max(0, self.sent - settled) + dropped
+        self.lost += max(0, self.sent - settled) + dropped + sum(spans for _, spans in self._backlog)
+        self._backlog.clear()  # its messages belong to the dead link (the next needs META first)
+        self._backlog_bytes = 0
         try:
             self._sock.close()
         except OSError:
@@ -145,20 +153,50 @@ class ProcessSink:
         return got
 
     def _send(self, data: bytes, spans: int) -> bool:
-        if self.given_up or self.closed:
+        """Queue the message behind any waiting ones and send what the link takes now."""
+        if self.given_up or self.closed or (spans and self._backlog_bytes + len(data) > MAX_BACKLOG_BYTES):
             self.link_dropped += spans
             return False
-        try:
-            self._sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            self.link_dropped += spans
-            return False
-        except OSError as exc:  # the exporter is gone (EPIPE / ECONNRESET)
-            self.link_dropped += spans
-            self._died("closed its end (%s)" % type(exc).__name__)
-            return False
-        self.sent += spans
+        self._backlog.append((data, spans))
+        self._backlog_bytes += len(data)
+        self._pump()
         return True
+
+    def _pump(self) -> None:
+        backlog = self._backlog
+        while backlog and self._sock is not None:
+            data, spans = backlog[0]
+            try:
+                self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # the exporter is gone (EPIPE / ECONNRESET)
+                self._died("closed its end (%s)" % type(exc).__name__)
+                return
+            backlog.popleft()
+            self._backlog_bytes -= len(data)
+            self.sent += spans
+
+    @property
+    def backlogged(self) -> bool:
+        return bool(self._backlog)
+
+    def pump_for(self, timeout_s: float) -> None:
+        """Send waiting messages as the exporter makes room, for up to ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if os.getpid() != self.pid or self._sock is None:
+                    return
+                self._check()
+                self._pump()
+                if not self._backlog or self._sock is None:
+                    return
+                sock = self._sock
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            select.select([], [sock], [], min(left, 0.05))
 
     def _send_meta(self) -> None:
         meta = (self.run_id, dict(self.ident), dict(self.spec), self.version, self.pid, self.trace_dir)
@@ -206,12 +244,14 @@ class ProcessSink:
                 return False
             deadline = time.monotonic() + timeout_s
             while True:
+                self._pump()
                 if self._read_replies(token):
                     return True
+                sock = self._sock
                 left = deadline - time.monotonic()
-                if left <= 0 or self.proc is None or self.proc.poll() is not None:
+                if sock is None or left <= 0 or self.proc is None or self.proc.poll() is not None:
                     return False
-                select.select([self._sock], [], [], min(left, 0.2))
+                select.select([sock], [sock] if self._backlog else [], [], min(left, 0.2))
 
     def shutdown(self, timeout_s: float) -> None:
         """Ask the exporter to flush and exit; wait for it at most ``timeout_s``."""
@@ -220,18 +260,25 @@ class ProcessSink:
                 return
             if self.proc is None and self._theirs is not None:
                 self._spawn()
+            deadline = time.monotonic() + timeout_s
             if self._sock is not None:
                 self._send(wire.encode(wire.STOP, None), 0)
+                while self._backlog and self._sock is not None and time.monotonic() < deadline:
+                    select.select([], [self._sock], [], max(0.0, min(deadline - time.monotonic(), 0.05)))
+                    self._pump()
             self.closed = True
             proc = self.proc
         if proc is not None:
             try:
-                proc.wait(timeout_s)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass  # it exits on its own once the link closes with this process
         with self._lock:
             self._read_replies()
-            self._sock.close()
+            if self._sock is not None:
+                self._sock.close()
+            self.link_dropped += sum(spans for _, spans in self._backlog)  # never sent
+            self._backlog.clear()
 
     def forget_after_fork(self) -> None:
         """In a forked child: close the inherited link without telling the parent's exporter."""

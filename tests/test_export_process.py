@@ -185,3 +185,37 @@ def test_sampled_run_keeps_the_slow_steps(probe_factory, receiver, caplog, monke
     with caplog.at_level(logging.INFO, logger="sgl_probe"):
         sched.run_batch(Batch(ForwardMode.DECODE, 2))  # something in the window, for the line
         assert _wait(lambda: any(f"kept_slow={sampling.kept_slow}" in r.getMessage() for r in caplog.records), 5)
+
+
+def test_a_stalled_exporter_costs_counted_drops_never_a_wait(probe_factory, receiver, monkeypatch):  # noqa: F811
+    """Stop the exporter (SIGSTOP): the link and then the bounded backlog fill, later steps are
+    dropped and counted, and no drain waits. Once it runs again, everything kept arrives."""
+    from sgl_probe import exporter_process, wire
+
+    monkeypatch.setattr(wire, "_BUFFER", 16 << 10)  # whatever this machine's socket limits are
+    monkeypatch.setattr(exporter_process, "MAX_BACKLOG_BYTES", 32 << 10)
+    probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_DRAIN_S": "3600", "OTEL_BSP_MAX_QUEUE_SIZE": "50000"})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    pipe, sink = probe.pipeline, probe.pipeline.sink
+    _fingerprint_sent()
+    _decode(sched, 1)
+    pipe.flush(60.0)  # the exporter is up
+    pid = sink.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        slowest = 0.0
+        for _ in range(10):
+            _decode(sched, 300)
+            t0 = time.perf_counter()
+            pipe.drain()
+            slowest = max(slowest, time.perf_counter() - t0)
+        assert sink.backlogged and sink.link_dropped > 0 and slowest < 1.0, (sink.link_dropped, slowest)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    pipe.flush(60.0)
+    assert not sink.backlogged
+    lost_steps = sink.link_dropped // 2
+    assert pipe.export_dropped == sink.link_dropped
+    steps = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 3001 - lost_steps, timeout=60)
+    assert sum(x.name == "sglang.step" for x in steps) == 3001 - lost_steps

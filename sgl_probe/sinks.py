@@ -35,11 +35,17 @@ _DEFAULT_QUEUE = 2048  # the SDK's default for OTEL_BSP_MAX_QUEUE_SIZE
 
 
 class JsonLinesExporter(SpanExporter):
-    """One OTLP/JSON ``ExportTraceServiceRequest`` per line (ids as hex, as OTLP/JSON wants)."""
+    """One OTLP/JSON ``ExportTraceServiceRequest`` per line (ids as hex, as OTLP/JSON wants).
+
+    A file system that is full or read-only costs one log line when writing starts to fail and
+    one when it works again, not one per batch; a line that did not fit is cut off again, so the
+    file never holds half a line.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._failing = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         from google.protobuf import json_format
@@ -52,14 +58,37 @@ class JsonLinesExporter(SpanExporter):
                     for key in ("traceId", "spanId", "parentSpanId"):
                         if key in sp:
                             sp[key] = base64.b64decode(sp[key]).hex()
-        line = json.dumps(msg, separators=(",", ":")) + "\n"
-        try:
-            with self._lock, open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(line)
-        except OSError as exc:
-            log.warning("sgl-probe: cannot write %s: %s", self.path, exc)
-            return SpanExportResult.FAILURE
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8")
+        with self._lock:
+            try:
+                self._append(data)
+            except OSError as exc:
+                if not self._failing:
+                    self._failing = True
+                    log.warning("sgl-probe: cannot write %s: %s; its spans are dropped and counted "
+                                "(dropped= on the summary line) until it can be written again", self.path, exc)
+                return SpanExportResult.FAILURE
+            if self._failing:
+                self._failing = False
+                log.warning("sgl-probe: writing %s again", self.path)
         return SpanExportResult.SUCCESS
+
+    def _append(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.fstat(fd).st_size
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass
+                raise
+        finally:
+            os.close(fd)
 
     def shutdown(self) -> None:
         pass

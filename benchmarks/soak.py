@@ -5,8 +5,10 @@
 The probe comes from the checkout's wheel (installed into a private directory put first on the
 server's PYTHONPATH, so a concurrent reinstall of the harness venv cannot swap the code under
 test) and exports over OTLP/gRPC to a real receiver on a socket that counts spans and keeps
-none. A client loop sends two concurrent greedy requests at a time, with a short pause between
-rounds, for the whole run. Every ``--sample-s`` seconds each process of the server (every
+none. A client loop sends two concurrent greedy requests at a time for the whole run, in rounds
+paced to start one every ``--round-s`` seconds, so the rate stays the same whether the machine is
+busy or idle (the spans waiting in the exporter's queue, and the memory they take, follow the
+rate). Every ``--sample-s`` seconds each process of the server (every
 scheduler, the launcher, the detokenizer, and a probe exporter process if there is one) is
 sampled from /proc: resident memory, open file descriptors, threads.
 
@@ -182,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="left out of the growth figures (default: 15%% of the run, at least 1)")
     ap.add_argument("--sample-s", type=float, default=20.0)
     ap.add_argument("--new-tokens", type=int, default=16)
-    ap.add_argument("--pause-s", type=float, default=0.3, help="between request rounds")
+    ap.add_argument("--round-s", type=float, default=3.0,
+                    help="one round of requests starts every this many seconds (later when a round takes longer)")
     ap.add_argument("--rss-bound-mb", type=float, default=5.0)
     ap.add_argument("--fd-slack", type=int, default=2)
     ap.add_argument("--thread-slack", type=int, default=2)
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(tempfile.mkdtemp(prefix="sgl-probe-soak-log-")) / "server.log"
 
     samples: list[dict] = []
-    stats = {"rounds": 0, "requests": 0, "tokens": 0, "errors": []}
+    stats = {"rounds": 0, "late_rounds": 0, "requests": 0, "tokens": 0, "errors": []}
     with CountingReceiver() as receiver:
         env = {**receiver.env("grpc"), "SGL_PROBE": "1", "SGL_PROBE_SUMMARY_S": "10",
                "PYTHONPATH": str(overlay) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def load() -> None:
                 i = 0
+                next_round = time.monotonic()
                 while not stop.is_set():
                     texts = [PROMPTS[i % len(PROMPTS)], PROMPTS[(i + 1) % len(PROMPTS)]]
                     i += 1
@@ -219,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as exc:  # noted; the run goes on
                         stats["errors"].append(repr(exc)[:300])
                     stats["rounds"] += 1
-                    stop.wait(args.pause_s)
+                    next_round += args.round_s
+                    wait = next_round - time.monotonic()
+                    if wait < 0:
+                        stats["late_rounds"] += 1
+                        next_round = time.monotonic()
+                    stop.wait(max(wait, 0.0))
 
             loader = threading.Thread(target=load, name="soak-load", daemon=True)
             t0 = time.monotonic()

@@ -4,8 +4,8 @@
 
 The probe comes from the checkout's wheel (installed into a private directory put first on the
 server's PYTHONPATH, so a concurrent reinstall of the harness venv cannot swap the code under
-test) and exports over OTLP/gRPC to a real receiver on a socket that counts spans and keeps
-none. A client loop sends two concurrent greedy requests at a time for the whole run, in rounds
+test) and exports over OTLP/gRPC to a real receiver on a socket; the spans are counted and
+forgotten as they arrive. A client loop sends two concurrent greedy requests at a time for the whole run, in rounds
 paced to start one every ``--round-s`` seconds, so the rate stays the same whether the machine is
 busy or idle (the spans waiting in the exporter's queue, and the memory they take, follow the
 rate). Every ``--sample-s`` seconds each process of the server (every
@@ -58,22 +58,10 @@ ARGS = ("--disable-radix-cache", "--dtype", "float32", "--enable-metrics",
 PASSES = re.compile(r'sglang:cuda_graph_passes_total\{(.*)\} ([0-9.e+]+)$')
 
 
-class CountingReceiver(OTLPReceiver):
-    """A real OTLP receiver that tallies what arrives instead of keeping it (hours of spans)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter = collections.Counter()
-
-    def _keep_payload(self, body: bytes) -> None:
-        pass
-
-    def _accept(self, spans: list) -> None:
-        with self._cond:
-            for s in spans:
-                self.counts[(s.attributes.get("sglang.tp_rank"), s.name,
-                             s.attributes.get("sglang.cuda_graph"))] += 1
-            self._cond.notify_all()
+def tally(receiver: OTLPReceiver, counts: collections.Counter) -> None:
+    """Count what arrived and let the receiver forget it (hours of spans)."""
+    for s in receiver.take():
+        counts[(s.attributes.get("sglang.tp_rank"), s.name, s.attributes.get("sglang.cuda_graph"))] += 1
 
 
 def proc_sample(pid: int) -> dict[str, Any] | None:
@@ -203,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
 
     samples: list[dict] = []
     stats = {"rounds": 0, "late_rounds": 0, "requests": 0, "tokens": 0, "errors": []}
-    with CountingReceiver() as receiver:
+    counts: collections.Counter = collections.Counter()
+    with OTLPReceiver() as receiver:
         env = {**receiver.env("grpc"), "SGL_PROBE": "1", "SGL_PROBE_SUMMARY_S": "10",
                "PYTHONPATH": str(overlay) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with SGLangServer(venv, model, tp=args.tp, env=env, extra_args=ARGS, log_path=log_path) as server:
@@ -243,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                         if p is not None:
                             p["role"] = role(p["cmd"])
                             procs.append(p)
+                    tally(receiver, counts)
                     samples.append({"t": round(now, 1), "requests": stats["requests"], "procs": procs})
                     sched = [p for p in procs if p["role"] == "scheduler"]
                     print(f"[soak] t={now / 60:5.1f} min requests={stats['requests']} " + " ".join(
@@ -260,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             deadline = time.monotonic() + 90
             while True:
                 passes = sglang_passes(server.request_text("/metrics"))
-                export = exported_vs_counted(receiver.counts, passes)
+                tally(receiver, counts)
+                export = exported_vs_counted(counts, passes)
                 if export["ok"] or time.monotonic() > deadline:
                     break
                 time.sleep(2)
@@ -283,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         "load": {k: (v if k != "errors" else v[:20]) for k, v in stats.items()} | {"error_count": len(stats["errors"])},
         "memory_fds_threads": memory,
         "every_step_exported": export,
+        "spans_received_by_name": dict(collections.Counter(
+            name for (_, name, _), n in counts.items() for _ in range(n))),
         "summary_lines": len(summaries), "summary_lines_with_dropped": dropped[:5],
         "probe_warnings": probe_problems[:20], "receiver_errors": receiver_errors[:20],
         "last_summary_line": summaries[-1] if summaries else None,

@@ -292,6 +292,15 @@ class OTLPReceiver:
         summary = _summary(snapshot, errors, what)
         raise TimeoutError(f"OTLPReceiver.{who}: predicate still false after {timeout:g}s; {summary}")
 
+    def take(self) -> list[ReceivedSpan]:
+        """The spans received so far, forgotten here with the raw payloads: for runs long enough
+        that keeping everything would cost too much memory."""
+        with self._cond:
+            out = list(self._spans)
+            self._spans.clear()
+            self._payloads.clear()
+            return out
+
     def raw_payloads(self) -> list[bytes]:
         """Every payload received (traces and metrics), decompressed."""
         with self._cond:

@@ -51,13 +51,13 @@ def resolve_step(st: StepRecord, timer: Any) -> ResolvedStep:
             lo = t0
         if hi is None or t1 > hi:
             hi = t1
-        graph = graph_used(ph)
+        graph = bool(ph.graph if ph.graph is not None else ph.graph_hook)  # graph_used, inline
         phases.append(ResolvedPhase(
             ph.phase, t0, t1, graph, ph.mode, ph.batch_size, ph.num_tokens, (ph.host1 - ph.host0) / 1e6,
             ph.target, ph.accept_length,
             start_kind(ph.t_start) if start_kind is not None else None,
             None if graph else getattr(ph, "no_graph_reason", None),
-            error_text(ph.error)))
+            None if ph.error is None else error_text(ph.error)))
     w0, w1 = timer.wall(st.host0), timer.wall(st.host1)
     return ResolvedStep(
         st.index, w0 if lo is None or w0 < lo else lo, w1 if hi is None or w1 > hi else hi,

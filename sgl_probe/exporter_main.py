@@ -20,6 +20,8 @@ import time
 from typing import Any, Optional
 
 STATS_EVERY_S = 0.5
+#: Larger than any message the server's socket lets through (its send buffer is capped lower).
+RECV_BUFFER = 8 << 20
 FLUSH_ON_EXIT_S = 5.0
 
 log = logging.getLogger("sgl_probe")
@@ -84,9 +86,9 @@ class Exporter:
         except OSError:
             pass  # the server is gone or not reading: it will ask again
 
-    def maybe_stats(self) -> None:
+    def maybe_stats(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last_stats < STATS_EVERY_S:
+        if now - self._last_stats < STATS_EVERY_S and not force:
             return
         self._last_stats = now
         stats = self.stats()
@@ -110,17 +112,20 @@ def serve(sock: socket.socket, server_pid: int) -> None:
 
     exporter = Exporter(sock)
     sock.settimeout(1.0)
+    buf = bytearray(RECV_BUFFER)
+    view = memoryview(buf)
     try:
         while True:
             try:
-                data = sock.recv(1 << 20)
+                n = sock.recv_into(buf)
             except socket.timeout:
-                data = None
+                n = None
             except OSError:
                 break
-            if data == b"":  # every copy of the server's end is closed
+            if n == 0:  # every copy of the server's end is closed
                 break
-            if data is not None:
+            if n is not None:
+                data = view[:n]
                 try:
                     if not exporter.handle(*wire.decode(data)):
                         break
@@ -131,7 +136,7 @@ def serve(sock: socket.socket, server_pid: int) -> None:
             exporter.maybe_stats()
     finally:
         exporter.finish()
-        exporter.maybe_stats()
+        exporter.maybe_stats(force=True)
 
 
 def _exit_cleanly(signum: int, frame: Any) -> None:

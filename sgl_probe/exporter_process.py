@@ -17,6 +17,7 @@ starts its own.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import select
@@ -170,8 +171,13 @@ class ProcessSink:
                 self._sock.send(data)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # the exporter is gone (EPIPE / ECONNRESET)
-                self._died("closed its end (%s)" % type(exc).__name__)
+            except OSError as exc:
+                if exc.errno == errno.EMSGSIZE:  # one message larger than the socket allows
+                    backlog.popleft()
+                    self._backlog_bytes -= len(data)
+                    self.link_dropped += spans
+                    continue
+                self._died("closed its end (%s)" % type(exc).__name__)  # EPIPE / ECONNRESET
                 return
             backlog.popleft()
             self._backlog_bytes -= len(data)

@@ -6,10 +6,12 @@ Each measured run is a fresh process driving the real probe (wrapped calls -> re
 export) over a scheduler-shaped loop whose phase blocks like a GPU wait (``time.sleep``, the GIL
 released), exporting every step over OTLP/gRPC to a real receiver on localhost in this process.
 ``in_process_cpu_us_per_step`` is that process's CPU time (all threads) over the measured steps,
-including the loop's own cost (``off``: the same loop with no probe); the exporter process's CPU is
+including the loop's own cost (``off``: the same loop with no probe; ``no_export``: the probe with
+nothing configured, summary line only); the exporter process's CPU is
 ``out_of_process_cpu_us_per_step``. Runs alternate between the designs; medians are printed with
-the ratio. ``sleep_overshoot_us`` is how late the loop's blocking call returned (p50 / p99): a
-thread of the same process holding the GIL makes the scheduler thread wait for it.
+the ratio, and each run's CPU per thread. ``sleep_overshoot_us`` is how late the loop's blocking
+call returned (p50 / p99): a thread of the same process holding the GIL makes the scheduler thread
+wait for it (so does a busy CPU: the exporter process competes for the machine's cores).
 
     python3 benchmarks/export_cpu.py [--steps 3000] [--repeats 3] [--step-ms 1.0] [--trace-dir]
                                      [--json FILE]
@@ -34,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DESIGNS = ("off", "in_process", "out_of_process")
+DESIGNS = ("off", "no_export", "in_process", "out_of_process")
 MODULE = "export_cpu_workload"
 
 
@@ -159,7 +161,7 @@ def worker(design: str, steps: int, step_ms: float) -> dict:
     if probe is not None:
         pipe = probe.pipeline
         sink = pipe.sink
-        out["sent"] = sink.sent if design == "out_of_process" else sink.spans.exported
+        out["sent"] = 0 if sink is None else sink.sent if design == "out_of_process" else sink.spans.exported
         out["dropped"] = pipe.export_dropped + probe.recorder.dropped_steps
         out["run_id"] = probe.run_id
         pipe.shutdown(30.0)
@@ -221,24 +223,60 @@ def breakdown(steps: int) -> dict:
     for i in range(0, len(built), 512):
         json.dumps(json_format.MessageToDict(encode_spans(built[i:i + 512])))
     out["trace_dir_json"] = tt() - t0
-    return {k: v / steps * 1e6 for k, v in out.items()}
+    result = {k: v / steps * 1e6 for k, v in out.items()}
+    result["scheduler_wait_during_one_drain"] = _gil_hold(probe, sched, batch, steps)
+    return result
+
+
+def _gil_hold(probe, sched, batch, steps: int) -> dict:
+    """A scheduler-like thread sleeps 1 ms at a time while the drain thread resolves ``steps``
+    finished steps at once: how late it wakes (the drain holding the GIL), with the drain handing
+    the GIL over every ``YIELD_EVERY`` steps and without."""
+    from sgl_probe import export
+
+    out = {}
+    keep = export.YIELD_EVERY
+    for label, every in (("yield_every_%d" % keep, keep), ("no_yield", 10 ** 9)):
+        export.YIELD_EVERY = every
+        for _ in range(steps):
+            sched.run_batch(batch)
+        late: list = []
+        done = threading.Event()
+
+        def drain() -> None:
+            time.sleep(0.01)
+            probe.pipeline.drain()
+            done.set()
+
+        t = threading.Thread(target=drain)
+        t.start()
+        while not done.is_set():
+            t0 = time.perf_counter()
+            time.sleep(0.001)
+            late.append(time.perf_counter() - t0 - 0.001)
+        t.join()
+        late.sort()
+        out[label] = {"wakeups": len(late), "p50_us": late[len(late) // 2] * 1e6, "max_us": late[-1] * 1e6}
+    export.YIELD_EVERY = keep
+    return out
 
 
 # -- the driver ---------------------------------------------------------------------------------
 
 def _run_worker(design: str, args, receiver, trace_dir) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
-    env.update(receiver.env("grpc"))
+    if design != "no_export":  # the probe measures and logs its summary line, and sends nothing
+        env.update(receiver.env("grpc"))
     env.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(ROOT),
                 "SGL_PROBE_RUN_ID": "export-cpu-%s-%d" % (design, time.time_ns())})
-    if trace_dir:
+    if trace_dir and design != "no_export":
         env["SGL_PROBE_TRACE_DIR"] = trace_dir
     cmd = [sys.executable, __file__, "--worker", design, "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError("%s run failed:\n%s" % (design, done.stderr[-3000:]))
     res = json.loads(done.stdout.strip().splitlines()[-1])
-    if design != "off":
+    if design not in ("off", "no_export"):
         run_id = res.pop("run_id")
         want = res["sent"] - res["dropped"]
         deadline = time.monotonic() + 30
@@ -292,6 +330,7 @@ def main() -> int:
         "spans_received": sum(run["spans_received"] for run in runs[new]),
         "dropped": sum(run["dropped"] for run in runs[new]),
         "loop_without_probe_cpu_us_per_step": med("off", "in_process_cpu_us_per_step"),
+        "probe_without_export_cpu_us_per_step": med("no_export", "in_process_cpu_us_per_step"),
         "before": {
             "in_process_cpu_us_per_step": med(old, "in_process_cpu_us_per_step"),
             "spans_sent": sum(run["sent"] for run in runs[old]),

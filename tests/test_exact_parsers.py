@@ -388,3 +388,31 @@ def test_watcher_stops_quietly_on_its_own_error(tmp_path, caplog):
         atexit.unregister(c._at_exit)
     assert not c._thread.is_alive() and sent == []
     assert [r.getMessage() for r in caplog.records] == ["sgl-probe: NCCL confirm watcher: OSError('disk gone')"]
+
+
+# -- secrets inside values and command lines ---------------------------------------------------------
+
+@pytest.mark.parametrize("value,want", [
+    ("hf_Aabcdefghij", "<redacted>"),            # the first character after hf_ counts
+    ("hf_transfer_enabled", "hf_transfer_enabled"),
+    ("secret://host/path", "secret://host/path"),  # a URL scheme is not a key
+    ("password=//not-a-url", "password=<redacted>"),
+    ("token: abc", "token: <redacted>"),
+])
+def test_redact_value_edges(value, want):
+    from sgl_probe.redact import redact_value
+
+    assert redact_value(value) == want
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["--hf-token=abc def"], ["--hf-token=<redacted>"]),      # the whole value, spaces and all
+    (["--x", "key", "value"], ["--x", "key", "value"]),      # a bare word is not a flag
+    (["--api-key", "--next"], ["--api-key", "--next"]),      # a flag right after: nothing to hide
+    (["--api-key", "s3cr3t", "--port", "1"], ["--api-key", "<redacted>", "--port", "1"]),
+    (["-5", "--API-KEY", "-x"], ["-5", "--API-KEY", "<redacted>"]),
+])
+def test_redact_args_edges(argv, want):
+    from sgl_probe.redact import redact_args
+
+    assert redact_args(argv) == want

@@ -292,3 +292,235 @@ def test_replay_outside_a_phase_marks_nothing():
     assert rig.replay(None) == "replayed"
     ph = rig.decode_step(2, result=NS())
     assert ph.graph_hook is False and ph.graph is None
+
+
+# -- the timer's tokens: what is stopped, checked and released ---------------------------------------
+
+class TokenTimer:
+    """Each start hands out a fresh token; the test says which intervals are ready."""
+
+    kind = "gpu-ish"
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.stops: list[tuple] = []
+        self.released: list[tuple] = []
+        self.not_ready: set = set()
+        self.asked: list[tuple] = []
+
+    def start(self, now):
+        self.n += 1
+        return ("start", self.n)
+
+    def stop(self, token, now):
+        self.stops.append((token, now))
+        return ("end", token[1])
+
+    def ready(self, start, end):
+        self.asked.append((start, end))
+        return start not in self.not_ready
+
+    def release(self, start, end):
+        self.released.append((start, end))
+
+    def interval(self, start, end):
+        return start[1] * 10, end[1] * 10 + 5
+
+    def wall(self, host_ns):
+        return host_ns
+
+
+def test_dropped_steps_release_exactly_their_own_events():
+    rig = Rig(max_pending=1)
+    rig.rec.timer = timer = TokenTimer()
+    rig.decode_step(1)
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    rig.step(None, b, lambda: (rig.forward(None, b), rig.forward(None, b)))
+    assert rig.rec.dropped_steps == 1
+    # Both phases of the dropped step; the kept step's events stay held for the drain.
+    assert timer.released == [(("start", 2), ("end", 2)), (("start", 3), ("end", 3))]
+
+
+def test_a_raising_phase_is_closed_with_its_own_token_and_time():
+    rig = Rig()
+    rig.rec.timer = timer = TokenTimer()
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0])
+
+    def raising(worker, batch):
+        raise ValueError("inside SGLang")
+
+    phase = rig.rec.phase_method(rig.hooks["forward"], raising)
+    with pytest.raises(ValueError):
+        rig.step(None, b, lambda: phase(None, b))
+    ph = rig.rec.steps[-1].phases[0]
+    (token, now), = timer.stops
+    assert token == ("start", 1) and ph.t_end == ("end", 1) and ph.host1 == now >= ph.host0
+    assert isinstance(ph.error, ValueError) and ph.no_graph_reason is None
+    assert rig.rec.tls.phase is None
+
+
+def test_reset_after_fork_clears_in_place():
+    rig = Rig()
+    a = rig.verify_step(2)
+    steps, waiting = rig.rec.steps, rig.rec.awaiting_accept
+    rig.rec.tls.step, rig.rec.tls.phase = "s", a
+    rig.rec.reset_after_fork()
+    assert rig.rec.steps is steps and rig.rec.awaiting_accept is waiting  # the wrappers hold these
+    assert len(steps) == 0 and len(waiting) == 0
+    assert rig.rec.tls.step is None and rig.rec.tls.phase is None and rig.rec.timer is None
+    rig.decode_step(1)  # works again: a fresh timer on the next step
+    assert rig.rec.timer is not None and len(rig.rec.steps) == 1
+
+
+def test_timer_is_made_from_the_configured_choice(caplog):
+    rec = Recorder("cpu", 4, LOG)
+    assert rec.ensure_timer().kind == "cpu" and rec.ensure_timer() is rec.timer
+    rec = Recorder("cuda", 4, logging.getLogger("sgl_probe.test.cuda"))
+    with caplog.at_level(logging.WARNING, logger="sgl_probe.test.cuda"):
+        timer = rec.ensure_timer()
+    if timer.kind == "cpu":  # no CUDA here: the recorder's own logger says so
+        assert [r.name for r in caplog.records] == ["sgl_probe.test.cuda"]
+
+
+# -- the drain side: when a step is ready, what is released ------------------------------------------
+
+def _drain():
+    from sgl_probe import drain
+
+    return drain
+
+
+def _step_with(timer, *phases):
+    from sgl_probe.readers import Facts
+    from sgl_probe.recorder import PhaseRecord, StepRecord
+
+    st = StepRecord(1, Facts("step", "DECODE", 2, 2), 0)
+    st.host1 = 1_000
+    for name, done in phases:
+        ph = PhaseRecord(Facts(name, "DECODE", 2, 2), "t", 0, timer.start(0))
+        if done:
+            ph.t_end = timer.stop(ph.t_start, 1)
+        st.phases.append(ph)
+    return st
+
+
+def test_step_ready_waits_for_every_timer_and_the_accept_length():
+    drain = _drain()
+    timer = TokenTimer()
+    st = _step_with(timer, ("decode", True), ("draft", True))
+    assert drain.step_ready(st, timer, 1_000) is True
+    assert timer.asked == [(("start", 1), ("end", 1)), (("start", 2), ("end", 2))]
+    timer.not_ready.add(("start", 2))
+    assert drain.step_ready(st, timer, 1_000) is False
+    timer.asked.clear()
+    st = _step_with(timer, ("decode", False))  # never stopped (e.g. capture): nothing to wait for
+    assert drain.step_ready(st, timer, 1_000) is True and timer.asked == []
+    st = _step_with(timer, ("verify", True))
+    wait = drain.ACCEPT_WAIT_NS
+    assert drain.step_ready(st, timer, st.host1 + wait - 1) is False  # SGLang may report a step late
+    assert drain.step_ready(st, timer, st.host1 + wait) is True       # ... but not forever
+    st.phases[0].accept_length = 2.0
+    assert drain.step_ready(st, timer, st.host1) is True
+    st.phases[0].accept_length = None
+    st.phases[0].error = RuntimeError("x")  # a verify that raised gets no report
+    assert drain.step_ready(st, timer, st.host1) is True
+    st = _step_with(timer, ("draft", True))  # only verifies wait for a report
+    assert drain.step_ready(st, timer, st.host1) is True
+
+
+def test_release_step_releases_each_phase_once():
+    drain = _drain()
+    timer = TokenTimer()
+    st = _step_with(timer, ("decode", True), ("draft", False))
+    drain.release_step(st, timer)
+    assert timer.released == [(("start", 1), ("end", 1)), (("start", 2), None)]
+
+
+# -- readers: every spelling SGLang passes ---------------------------------------------------------
+
+@pytest.mark.parametrize("batch,want", [
+    (NS(extend_num_tokens=7, extend_seq_lens_cpu=[1, 2]), 7),
+    (NS(extend_seq_lens_cpu=[3, 4]), 7),
+    (NS(extend_seq_lens_cpu=[], extend_lens=(2, 2)), 4),
+    (NS(extend_lens=[5]), 5),
+    (NS(extend_num_tokens="7"), None),
+    (NS(extend_seq_lens_cpu="34"), None),
+    (NS(), None),
+])
+def test_extend_tokens(batch, want):
+    from sgl_probe import readers
+
+    assert readers.extend_tokens(batch) == want
+
+
+@pytest.mark.parametrize("mode,phase", [("DECODE", "decode"), ("EXTEND", "extend"), ("MIXED", "extend"),
+                                        ("TARGET_VERIFY", "verify"), ("DRAFT_EXTEND", "draft_extend"),
+                                        ("DRAFT_EXTEND_V2", "draft_extend"), ("IDLE", None), (None, None),
+                                        ("draft_extend", None)])
+def test_forward_reader_phase_per_mode(mode, phase):
+    from sgl_probe import readers
+
+    fm = getattr(ForwardMode, mode, None) if mode in ForwardMode.__members__ else (
+        NS(name=mode) if mode else None)
+    b = NS(forward_mode=fm, seq_lens=[0, 0, 0], extend_num_tokens=11)
+    f = readers.forward(FORWARD, (b,), {}, {"num_draft_tokens": 4})
+    assert f.phase == phase
+
+
+def test_forward_reader_argument_spellings():
+    from sgl_probe import readers
+
+    spec = {"num_draft_tokens": 4}
+    dec = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0])
+    ext = NS(forward_mode=ForwardMode.EXTEND, seq_lens=[0], extend_num_tokens=9)
+    assert readers.forward(FORWARD, (), {"model_worker_batch": dec}, spec) == ("decode", "DECODE", 2, 2)
+    assert readers.forward(FORWARD, (), {"batch": ext}, spec) == ("extend", "EXTEND", 1, 9)
+    # A spec worker hands over a ForwardBatch: batch None, the forward batch second or by keyword.
+    assert readers.forward(FORWARD, (None, dec), {}, spec) == ("decode", "DECODE", 2, 2)
+    assert readers.forward(FORWARD, (None,), {"forward_batch": dec}, spec) == ("decode", "DECODE", 2, 2)
+    # is_verify as the fourth positional argument or by keyword; only True counts.
+    assert readers.forward(FORWARD, (dec, None, None, True), {}, spec) == ("verify", "TARGET_VERIFY", 2, 8)
+    assert readers.forward(FORWARD, (dec, None, None, 1), {}, spec).phase == "decode"
+    assert readers.forward(FORWARD, (dec,), {"is_verify": True}, spec).phase == "verify"
+    assert readers.forward(FORWARD, (dec, None, None, True), {"is_verify": False}, spec).phase == "decode"
+    assert readers.forward(FORWARD, (), {}, spec) == (None, None, None, None)
+
+
+def test_spec_readers_tokens_from_server_args():
+    from sgl_probe import readers
+
+    spec = {"num_draft_tokens": 4, "topk": 2, "num_steps": 3}
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0, 0])
+    assert readers.spec_call(DRAFT, (b,), {}, spec) == ("draft", "DECODE", 3, 3 * 2 * 2)
+    assert readers.spec_call(DRAFT, (b,), {}, {}) == ("draft", "DECODE", 3, 0)  # one step: no forwards
+    assert readers.spec_call(VERIFY_V2, (), {"batch": b}, spec) == ("verify", "TARGET_VERIFY", 3, 12)
+    assert readers.spec_call(VERIFY_V2, (b,), {}, {}) == ("verify", "TARGET_VERIFY", 3, 3)
+    idle = NS(forward_mode=ForwardMode.IDLE, seq_lens=[])
+    assert readers.spec_call(VERIFY_V2, (idle,), {}, spec) == (None, "IDLE", 0, 0)
+
+
+def test_v1_draft_extend_after_decode_reruns_only_the_accepted_tokens():
+    from sgl_probe import readers
+
+    t = _target(reader="draft_extend_v1_decode")
+    spec = {"num_draft_tokens": 4}
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0, 0], spec_info=NS(accept_length_cpu=[2, 0, 3]))
+    assert readers.draft_extend_after_decode_v1(t, (b,), {}, spec) == ("draft_extend", "DRAFT_EXTEND", 3, 5 + 3)
+    b.spec_info.accept_length_cpu = [2, 1]  # requests that finished are not re-run
+    assert readers.draft_extend_after_decode_v1(t, (), {"batch": b}, spec) == ("draft_extend", "DRAFT_EXTEND", 2, 5)
+    for odd in (None, [1.0, 2.0], "12"):
+        b.spec_info.accept_length_cpu = odd  # no host copy: the verify window, from server args
+        assert readers.draft_extend_after_decode_v1(t, (b,), {}, spec) == ("draft_extend", "DRAFT_EXTEND", 3, 12)
+    idle = NS(forward_mode=ForwardMode.IDLE, seq_lens=[], spec_info=NS(accept_length_cpu=[1]))
+    assert readers.draft_extend_after_decode_v1(t, (idle,), {}, spec) == (None, "IDLE", 0, 0)
+
+
+@pytest.mark.parametrize("result,want", [
+    (("l", "o", "b", True), True), (("l", "o", "b", False, "x"), False), (("l", "o", "b", 1), None),
+    (("l", "o", "b"), None), (NS(can_run_cuda_graph=True), True), (NS(can_run_graph=False), False),
+    ([1, 2, 3, True], None), (None, None),
+])
+def test_v1_verify_graph_flag(result, want):
+    from sgl_probe import readers
+
+    assert readers.result_graph_v1_verify(result) is want

@@ -5,7 +5,7 @@ across ranks the way the report and Jaeger rely on."""
 from __future__ import annotations
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from sgl_probe import contract as C
 from sgl_probe import spans
@@ -96,6 +96,9 @@ def test_step_and_phase_spans_exactly():
     assert C.ACCEPT_LENGTH not in d and d[C.SPEC_PREFIX + "topk"] == 1
     assert dict(dext.attributes)[C.CUDA_GRAPH] is True
     assert all(s.status.status_code == StatusCode.UNSET and not s.events for s in out)
+    for s in out:
+        assert s.resource is RES and s.kind == SpanKind.INTERNAL and s.instrumentation_scope.name == "sgl_probe"
+        assert s.context.is_remote is False and s.context.trace_flags.sampled
 
 
 def test_decode_phase_has_no_spec_keys_and_no_absent_values():
@@ -162,5 +165,9 @@ def test_env_span():
     assert s.context.trace_id == t.context.trace_id == spans.derived_trace_id("run-9", "env")
     assert dict(s.attributes) == {"env.NCCL_ALGO": "Ring", "sglang.tp_rank": 2}
     assert (s.start_time, s.end_time, s.parent) == (1234, 1234, None)
+    for span in (s, t):
+        assert span.resource is RES and span.kind == SpanKind.INTERNAL
+        assert span.instrumentation_scope.name == "sgl_probe"
+        assert span.context.is_remote is False and span.context.trace_flags.sampled
     assert spans.rank_attributes({"tp_rank": 0, "dp_rank": 0, "pp_rank": 0, "x": 1}) == {
         "sglang.tp_rank": 0, "sglang.dp_rank": 0, "sglang.pp_rank": 0}

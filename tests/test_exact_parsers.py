@@ -326,7 +326,7 @@ def test_arm_without_a_directory_makes_a_private_one():
 def test_poll_boundaries(tmp_path):
     c, sent = confirmer(tmp_path)
     c.arm()
-    t0 = c._armed_at
+    t0 = c._armed_at = 1000.0  # a round clock, so the boundaries are exact
     assert c.poll_once(now=t0 + c.TIMEOUT_S - 0.001) is None and sent == []
     c.poll_once(now=t0 + c.TIMEOUT_S)  # exactly the timeout, no file: no_log
     assert sent[0][0]["sgl_probe.nccl.status"] == "no_log"
@@ -334,7 +334,8 @@ def test_poll_boundaries(tmp_path):
     (tmp_path / "b").mkdir()
     c.arm()
     open(c.path, "w").write("h NCCL INFO NCCL_ALGO set by environment to Ring\n")
-    c.poll_once(now=c._armed_at + c.TIMEOUT_S)  # a log without Init COMPLETE: timeout
+    c._armed_at = 1000.0
+    c.poll_once(now=1000.0 + c.TIMEOUT_S)  # a log without Init COMPLETE: timeout
     assert sent[0][0]["sgl_probe.nccl.status"] == "timeout"
     c, sent = confirmer(tmp_path / "c")
     (tmp_path / "c").mkdir()
@@ -416,3 +417,72 @@ def test_redact_args_edges(argv, want):
     from sgl_probe.redact import redact_args
 
     assert redact_args(argv) == want
+
+
+# -- env snapshots -----------------------------------------------------------------------------------
+
+def test_snapshot_exact():
+    env = {"NCCL_ALGO": "Ring", "CUDA_VISIBLE_DEVICES": "0,1", "HF_HOME": "/h", "NCCL_IB_PASSWORD": "p",
+           "SGL_PROBE_TIMER": "cpu", "SGLANG_PROBE_X": "1", "SGLANG_URL": "http://u:pw@h/x", "MY_VAR": "v",
+           "MY_VARIANT": "w"}
+    values, withheld = envsnap.snapshot(contract.DEFAULT_ENV_ALLOW + ("MY_VAR=",), env)
+    assert list(values) == ["CUDA_VISIBLE_DEVICES", "MY_VAR", "NCCL_ALGO", "SGLANG_URL"]  # sorted
+    assert values["SGLANG_URL"] == "http://u:<redacted>@h/x" and values["MY_VAR"] == "v"
+    assert withheld == ["NCCL_IB_PASSWORD"]
+
+
+def test_snapshot_reads_the_process_env_by_default(monkeypatch):
+    monkeypatch.setenv("NCCL_TEST_ONLY_VAR", "x")
+    assert envsnap.snapshot(("NCCL_TEST_ONLY",))[0] == {"NCCL_TEST_ONLY_VAR": "x"}
+    assert envsnap.launcher_env() == envsnap.launcher_env(dict(__import__("os").environ))
+
+
+def test_launcher_env_recorded_once_unless_replaced():
+    import json
+
+    env = {"NCCL_ALGO": "Ring", "HOME": "/r", "NCCL_IB_PASSWORD": "p"}
+    envsnap.record_launcher_env(contract.DEFAULT_ENV_ALLOW, env)
+    assert json.loads(env[envsnap.LAUNCHER_ENV_VAR]) == {"NCCL_ALGO": "Ring"}
+    assert env[envsnap.LAUNCHER_ENV_VAR] == '{"NCCL_ALGO":"Ring"}'  # compact: it travels in the env
+    env["NCCL_ALGO"] = "Tree"
+    envsnap.record_launcher_env(contract.DEFAULT_ENV_ALLOW, env)
+    assert envsnap.launcher_env(env) == {"NCCL_ALGO": "Ring"}
+    envsnap.record_launcher_env(contract.DEFAULT_ENV_ALLOW, env, replace=True)
+    assert envsnap.launcher_env(env) == {"NCCL_ALGO": "Tree"}
+
+
+@pytest.mark.parametrize("raw,want", [
+    (None, None), ("", None), ("not json", None), ("[1, 2]", None), ('"x"', None),
+    ('{"NCCL_A": 1, "HF_TOKEN": "t", "U": "https://a:b@h"}', {"NCCL_A": "1", "U": "https://a:<redacted>@h"}),
+])
+def test_launcher_env_parsing(raw, want):
+    env = {} if raw is None else {envsnap.LAUNCHER_ENV_VAR: raw}
+    assert envsnap.launcher_env(env) == want
+
+
+def test_snapshot_attributes_exact():
+    import json
+
+    env = {"NCCL_ALGO": "Tree", "NCCL_NEW": "1", "NCCL_IB_PASSWORD": "p",
+           envsnap.LAUNCHER_ENV_VAR: json.dumps({"NCCL_ALGO": "Ring", "NCCL_GONE": "x"})}
+    attrs = envsnap.snapshot_attributes("process_start", contract.DEFAULT_ENV_ALLOW, env)
+    assert attrs == {
+        "sgl_probe.snapshot_point": "process_start",
+        "env.NCCL_ALGO": "Tree", "env.NCCL_NEW": "1",
+        "sgl_probe.env.names": ["NCCL_ALGO", "NCCL_NEW"],
+        "sgl_probe.env.withheld": ["NCCL_IB_PASSWORD"],
+        "sgl_probe.env.differs_from_launcher": ["NCCL_ALGO", "NCCL_GONE", "NCCL_NEW"],
+        "launcher_env.NCCL_ALGO": "Ring", "launcher_env.NCCL_GONE": "x",
+    }
+    plain = envsnap.snapshot_attributes("nccl_init", contract.DEFAULT_ENV_ALLOW, {"NCCL_ALGO": "Ring"})
+    assert plain == {"sgl_probe.snapshot_point": "nccl_init", "env.NCCL_ALGO": "Ring",
+                     "sgl_probe.env.names": ["NCCL_ALGO"]}
+    assert envsnap.diff({"A": "1", "B": "2"}, {"A": "1", "B": "3", "C": "4"}) == ["B", "C"]
+
+
+@pytest.mark.parametrize("name,allowed", [
+    ("NCCL_ALGO", True), ("SGL_PROBE_ENV_ALLOW", False), ("SGLANG_PROBE_RUN_ID", False), ("SGLANG_X", True),
+    ("MY_VAR", True), ("MY_VAR2", False), ("NCCLX", False), ("HOME", False),
+])
+def test_is_allowed(name, allowed):
+    assert envsnap.is_allowed(name, contract.DEFAULT_ENV_ALLOW + ("MY_VAR=",)) is allowed

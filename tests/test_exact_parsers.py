@@ -406,6 +406,12 @@ def test_redact_value_edges(value, want):
     assert redact_value(value) == want
 
 
+def test_redact_value_passes_non_strings_through():
+    from sgl_probe.redact import redact_value
+
+    assert redact_value(None) is None and redact_value(3) == 3 and redact_value("") == ""
+
+
 @pytest.mark.parametrize("argv,want", [
     (["--hf-token=abc def"], ["--hf-token=<redacted>"]),      # the whole value, spaces and all
     (["--x", "key", "value"], ["--x", "key", "value"]),      # a bare word is not a flag

@@ -511,6 +511,9 @@ def test_v1_draft_extend_after_decode_reruns_only_the_accepted_tokens():
     for odd in (None, [1.0, 2.0], "12"):
         b.spec_info.accept_length_cpu = odd  # no host copy: the verify window, from server args
         assert readers.draft_extend_after_decode_v1(t, (b,), {}, spec) == ("draft_extend", "DRAFT_EXTEND", 3, 12)
+    for bare in (NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0, 0]),
+                 NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0, 0], spec_info=NS())):
+        assert readers.draft_extend_after_decode_v1(t, (bare,), {}, spec) == ("draft_extend", "DRAFT_EXTEND", 3, 12)
     idle = NS(forward_mode=ForwardMode.IDLE, seq_lens=[], spec_info=NS(accept_length_cpu=[1]))
     assert readers.draft_extend_after_decode_v1(t, (idle,), {}, spec) == (None, "IDLE", 0, 0)
 

@@ -527,3 +527,174 @@ def test_v1_verify_graph_flag(result, want):
     from sgl_probe import readers
 
     assert readers.result_graph_v1_verify(result) is want
+
+
+# -- the original always runs once, with exactly its own arguments ------------------------------------
+
+class Spy:
+    def __init__(self, result="orig-result", raises=None) -> None:
+        self.calls: list[tuple] = []
+        self.result, self.raises = result, raises
+
+    def __call__(self, obj, *args, **kwargs):
+        self.calls.append((obj, args, kwargs))
+        if self.raises is not None:
+            raise self.raises
+        return self.result
+
+
+def test_every_wrapper_path_calls_the_original_exactly_once_with_its_arguments(caplog):
+    rec = Recorder("cpu", 100, LOG)
+    obj, b = object(), NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    args, kwargs = (b, "x"), {"k": 1}
+
+    def check(wrapper, spy, n=1):
+        assert wrapper(obj, *args, **kwargs) == "orig-result"
+        assert spy.calls == [(obj, args, kwargs)] * n
+        spy.calls.clear()
+
+    for build, hook in ((rec.step_method, Hook(STEP)), (rec.phase_method, Hook(FORWARD)),
+                        (rec.graph_method, Hook(_target(role="graph"))), (rec.accept_method, Hook(ACCEPT))):
+        spy = Spy()
+        check(build(hook, spy), spy)  # outside a step / nothing waiting
+        hook.enabled = False
+        check(build(hook, spy), spy)  # switched off
+    # Inside a step: the phase is timed and still called once; a nested step is not a step.
+    spy_phase, spy_inner = Spy(), Spy()
+    phase = rec.phase_method(Hook(FORWARD), spy_phase)
+    inner = rec.step_method(Hook(STEP), spy_inner)
+    seen = []
+
+    def body(sched, *a, **k):
+        seen.append(phase(obj, *args, **kwargs))
+        seen.append(inner(obj, *args, **kwargs))
+        return "step-result"
+
+    assert rec.step_method(Hook(STEP), body)(obj, b) == "step-result"
+    assert seen == ["orig-result", "orig-result"]
+    assert spy_phase.calls == [(obj, args, kwargs)] and spy_inner.calls == [(obj, args, kwargs)]
+    assert rec.steps[-1].phases[0].target == FORWARD.name
+    assert rec.step_count == 2  # the enabled step above, and this one: not the nested one
+    # A nested phase (verify -> target forward) runs untimed, once.
+    nested = Spy()
+    nphase = rec.phase_method(Hook(FORWARD), nested)
+    outer = rec.phase_method(Hook(FORWARD), lambda o, *a, **k: nphase(o, *a, **k))
+    rec.step_method(Hook(STEP), lambda s, *a, **k: outer(obj, *args, **kwargs))(obj, b)
+    assert nested.calls == [(obj, args, kwargs)] and len(rec.steps[-1].phases) == 1
+
+
+def test_a_failing_reader_disables_the_hook_and_sglang_runs_on(caplog):
+    rec = Recorder("cpu", 100, LOG)
+    obj = object()
+    bad = object()  # no forward_mode: the step reader copes; a raising reader is what is tested
+    for build, target, reader_name in ((rec.step_method, STEP, "step"), (rec.phase_method, FORWARD, "forward")):
+        hook = Hook(target)
+        spy = Spy()
+        boom = KeyError("reader")
+        from sgl_probe import readers
+
+        real = readers.ENTER[reader_name]
+        readers.ENTER[reader_name] = lambda *a: (_ for _ in ()).throw(boom)
+        try:
+            wrapper = build(hook, spy)
+        finally:
+            readers.ENTER[reader_name] = real
+        if build == rec.phase_method:
+            run = lambda: rec.step_method(Hook(STEP), lambda s, *a, **k: wrapper(obj, bad, k=2))(obj, NS())
+        else:
+            run = lambda: wrapper(obj, bad, k=2)
+        with caplog.at_level(logging.ERROR, logger="sgl_probe"):
+            caplog.clear()
+            run()
+        assert spy.calls == [(obj, (bad,), {"k": 2})]
+        assert not hook.enabled
+        assert [r.getMessage() for r in caplog.records] == [
+            f"sgl-probe: hook {target.name} disabled after an internal error: KeyError('reader') (SGLang is unaffected)"]
+    assert rec.tls.step is None and rec.tls.phase is None
+
+
+def test_stream_capture_records_nothing_and_runs_the_call():
+    rec = Recorder("cpu", 100, LOG)
+    rec.timer = NS(start=lambda now: None)  # the timer says: a CUDA graph is being captured
+    spy = Spy()
+    phase = rec.phase_method(Hook(FORWARD), spy)
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    rec.step_method(Hook(STEP), lambda s, *a, **k: phase("w", b))("sched", b)
+    assert spy.calls == [("w", (b,), {})] and len(rec.steps) == 0
+
+
+def test_no_graph_reason_is_asked_with_the_phase_mode_and_size(monkeypatch):
+    from sgl_probe import no_graph
+
+    asked = []
+    monkeypatch.setattr(no_graph, "reason_for", lambda runner: lambda obj, mode, bs: asked.append((obj, mode, bs))
+                        or "runner_refused")
+    rig = Rig()
+    ph = rig.decode_step(3, result=NS(can_run_cuda_graph=False))
+    assert asked == [(None, "DECODE", 3)] and ph.no_graph_reason == "runner_refused"
+
+
+# -- readers: shapes and spellings -------------------------------------------------------------------
+
+class Shape:
+    """A tensor's ``seq_lens``: a shape, and no cheap len()."""
+
+    def __init__(self, *shape) -> None:
+        self.shape = shape
+
+    def __len__(self):
+        raise TypeError("len() of a tensor is Python code: the reader must use the shape")
+
+
+@pytest.mark.parametrize("batch,want", [
+    (NS(seq_lens=Shape(3, 7)), 3),
+    (NS(seq_lens=Shape(), batch_size=5), 5),     # a 0-d shape: the size comes from elsewhere
+    (NS(seq_lens=[0, 0]), 2),
+    (NS(seq_lens=object(), batch_size=4), 4),
+    (NS(batch_size=lambda: 6), 6),
+    (NS(batch_size="6"), None),
+    (NS(), None),
+])
+def test_batch_size(batch, want):
+    from sgl_probe import readers
+
+    assert readers.batch_size(batch) == want
+
+
+def test_mode_name_follows_the_object_it_is_given():
+    from sgl_probe import readers
+
+    mode = NS(name="DECODE")  # not an Enum: must not be cached by identity
+    b = NS(forward_mode=mode)
+    assert readers.mode_name(b) == "DECODE"
+    mode.name = "EXTEND"
+    assert readers.mode_name(b) == "EXTEND"
+    assert readers.mode_name(NS(forward_mode=object())) is None
+    assert readers.mode_name(NS()) is None
+    assert readers.mode_name(NS(forward_mode=ForwardMode.IDLE)) == "IDLE"
+    assert readers.mode_name(NS(forward_mode=ForwardMode.IDLE)) == "IDLE"  # from the cache
+
+
+def test_step_reader():
+    from sgl_probe import readers
+
+    ext = NS(forward_mode=ForwardMode.EXTEND, seq_lens=[0, 0], extend_num_tokens=30)
+    dec = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0, 0], extend_num_tokens=30)
+    assert readers.step(STEP, (ext,), {}, {}) == ("step", "EXTEND", 2, 30)
+    assert readers.step(STEP, (), {"batch": dec}, {}) == ("step", "DECODE", 3, 3)
+    assert readers.step(STEP, (), {"schedule_batch": dec}, {}) == ("step", "DECODE", 3, 3)
+    assert readers.step(STEP, (), {}, {}) == ("step", None, None, None)
+
+
+def test_draft_extend_after_prefill_counts_the_prompt_tokens():
+    from sgl_probe import readers
+
+    t = _target(reader="spec_call", phases=("draft_extend",), mode=None, since="0.5.5")
+    spec = {"num_draft_tokens": 4, "num_steps": 3}
+    b = NS(forward_mode=ForwardMode.EXTEND, seq_lens=[0, 0], extend_num_tokens=21)
+    assert readers.spec_call(t, (b,), {}, spec) == ("draft_extend", "EXTEND", 2, 21)
+    after_verify = _target(reader="spec_call", phases=("draft_extend",), mode="DRAFT_EXTEND_V2")
+    d = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0], extend_num_tokens=21)
+    # After a verify the batch arrives in decode mode: the verified window is re-run.
+    assert readers.spec_call(after_verify, (d,), {}, spec) == ("draft_extend", "DRAFT_EXTEND_V2", 2, 8)
+    assert readers.spec_call(DRAFT, (d,), {}, {"num_steps": 3}) == ("draft", "DECODE", 2, 4)  # topk 1

@@ -60,6 +60,16 @@ def rank_attributes(ident: dict) -> dict:
     return {span_key: ident[key] for key, span_key in _RANK_KEYS if ident.get(key) is not None}
 
 
+def _batch_attributes(attrs: dict, rec: Any) -> None:
+    """Forward mode, batch size and tokens of a step or phase, where known."""
+    if rec.mode is not None:
+        attrs[C.FORWARD_MODE] = rec.mode
+    if rec.batch_size is not None:
+        attrs[C.BATCH_SIZE] = rec.batch_size
+    if rec.num_tokens is not None:
+        attrs[C.NUM_TOKENS] = rec.num_tokens
+
+
 def phase_attributes(ph: ResolvedPhase, timer_kind: str, ranks: dict, spec: dict, step_index: int) -> dict:
     attrs = {
         C.DURATION_MS: (ph.end_ns - ph.start_ns) / 1e6,
@@ -70,12 +80,7 @@ def phase_attributes(ph: ResolvedPhase, timer_kind: str, ranks: dict, spec: dict
         C.STEP_INDEX: step_index,
         C.CUDA_GRAPH: ph.graph,
     }
-    if ph.mode is not None:
-        attrs[C.FORWARD_MODE] = ph.mode
-    if ph.batch_size is not None:
-        attrs[C.BATCH_SIZE] = ph.batch_size
-    if ph.num_tokens is not None:
-        attrs[C.NUM_TOKENS] = ph.num_tokens
+    _batch_attributes(attrs, ph)
     if ph.start_kind is not None:
         attrs[C.START] = ph.start_kind
     if ph.no_graph_reason is not None and not ph.graph:
@@ -112,12 +117,7 @@ def build_step_spans(step: ResolvedStep, run_id: str, ident: dict, spec: dict, r
         C.DURATION_MS: (step.end_ns - step.start_ns) / 1e6,
         C.CUDA_GRAPH: any(ph.graph for ph in step.phases),
     }
-    if step.mode is not None:
-        step_attrs[C.FORWARD_MODE] = step.mode
-    if step.batch_size is not None:
-        step_attrs[C.BATCH_SIZE] = step.batch_size
-    if step.num_tokens is not None:
-        step_attrs[C.NUM_TOKENS] = step.num_tokens
+    _batch_attributes(step_attrs, step)
     step_attrs.update(ranks)
     if extra:
         step_attrs.update(extra)

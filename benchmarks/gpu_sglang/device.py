@@ -66,8 +66,11 @@ class Server:
         if probe:
             shutil.rmtree(self.trace_dir, ignore_errors=True)
             self.trace_dir.mkdir(parents=True)
-            # The documented PYTHONPATH entry (sitecustomize/) arms the probe from its wheel.
-            self.env.update(PYTHONPATH=f"{REPO}/sitecustomize:{probe}:{site}",
+            # The wheel's own PYTHONPATH startup folder arms the probe (as `sgl-probe run` does);
+            # older builds kept it inside the package.
+            startup = next((d for d in (Path(probe) / "_sgl_probe_startup", Path(probe) / "sgl_probe" / "_startup")
+                            if (d / "sitecustomize.py").is_file()), Path(REPO) / "sitecustomize")
+            self.env.update(PYTHONPATH=f"{startup}:{probe}:{site}",
                             SGL_PROBE="1", SGL_PROBE_TRACE_DIR=str(self.trace_dir), SGL_PROBE_SUMMARY_S="5")
         else:
             self.env.update(PYTHONPATH=site)

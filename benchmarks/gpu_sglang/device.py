@@ -321,10 +321,10 @@ def suite_correct(carry: Path, out: Path) -> dict:
     finally:
         for s in servers.values():
             s.stop()
-    return judge_correctness(servers, result)
+    return judge_correctness(servers, result, out)
 
 
-def judge_correctness(servers: dict, result: dict) -> dict:
+def judge_correctness(servers: dict, result: dict, out: Path) -> dict:
     res: dict = {"ready_s": result.get("ready")}
     loads = result.get("loads", {})
     res["greedy_identical"] = {
@@ -547,7 +547,7 @@ def suite_full(carry: Path, out: Path, launches: int, correct: bool = True) -> d
             result = correctness_run(corr, {n: ready_all[n] for n in corr}, out)
             for s in corr.values():
                 s.stop()
-            res["correct"] = judge_correctness(corr, result)
+            res["correct"] = judge_correctness(corr, result, out)
         res["overhead"] = overhead_run(over, [s for s in over if ready_all[s.name]], launches, received)
     finally:
         for s in [*corr.values(), *over]:

@@ -67,3 +67,23 @@ def test_every_pass_sglang_counted_must_arrive():
 @pytest.mark.skipif(not os.environ.get("SGL_PROBE_SOAK_MINUTES"), reason="set SGL_PROBE_SOAK_MINUTES to run the soak")
 def test_soak(tmp_path):
     assert soak.main(["--minutes", os.environ["SGL_PROBE_SOAK_MINUTES"], "--json", str(tmp_path / "soak.json")]) == 0
+
+
+def test_spans_are_counted_as_they_arrive_and_forgotten():
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from sgl_probe.testing.receiver import OTLPReceiver
+
+    tracer = TracerProvider().get_tracer("t")
+    spans = []
+    for name in ("sglang.decode", "sglang.decode", "sglang.extend"):
+        s = tracer.start_span(name, attributes={"sglang.tp_rank": 0, "sglang.cuda_graph": False})
+        s.end()
+        spans.append(s)
+    counts: collections.Counter = collections.Counter()
+    with OTLPReceiver() as receiver:
+        OTLPSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True).export(spans)
+        soak.tally(receiver, counts)
+        assert receiver.spans() == [] and receiver.raw_payloads() == []
+    assert counts == {(0, "sglang.decode", False): 2, (0, "sglang.extend", False): 1}

@@ -95,11 +95,11 @@ class TraceFs:
     the kernel). Otherwise: the directory and its files made read-only with chmod (EACCES).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, mount: bool = True) -> None:
         self.path = path
         path.mkdir(parents=True)
         root = os.geteuid() == 0
-        self.mounted = root and subprocess.run(
+        self.mounted = mount and root and subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=4m", "sgl-probe-test", str(path)],
             capture_output=True).returncode == 0
         self.kinds = ("ENOSPC", "EROFS") if self.mounted else ("ENOSPC",) if root else ("EACCES",)

@@ -55,3 +55,33 @@ def test_full_file_system_one_line_each_way_and_no_half_lines(tmp_path):
         doc = json.loads(line)  # a half-written line would not parse
         names += [s["name"] for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
     assert names == ["s0", "s1", "s2", "s0", "s1"]
+
+
+def test_trace_dir_breakers_without_mount(tmp_path):
+    """The fallbacks the server test uses where it may not mount a tmpfs, on the real exporter."""
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from sgl_probe.sinks import JsonLinesExporter
+    from tests.test_reliability_faults import TraceFs
+
+    fs = TraceFs(tmp_path / "traces", mount=False)
+    (kind,) = fs.kinds
+    exp = JsonLinesExporter(str(fs.path / "sgl-probe-1.jsonl"))
+    span = TracerProvider().get_tracer("t").start_span("s")
+    span.end()
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    logging.getLogger("sgl_probe").addHandler(handler)
+    try:
+        assert exp.export([span]).name == "SUCCESS"
+        fs.break_(kind)
+        assert exp.export([span]).name == "FAILURE"
+        fs.repair(kind)
+        assert exp.export([span]).name == "SUCCESS"
+    finally:
+        logging.getLogger("sgl_probe").removeHandler(handler)
+    assert {"ENOSPC": "No space left", "EACCES": "Permission denied"}[kind] in records[0], records
+    assert len((fs.path / "sgl-probe-1.jsonl").read_text().splitlines()) == 2

@@ -6,7 +6,7 @@ One launch, phases in order (each one's facts are checked by its own test below)
 2. collector killed: the receiver is stopped; the same prompts; the receiver is started again on
    the same port; the same prompts once more. Token ids must equal phase 1's, export must resume,
    and every span the probe wrote to its trace file but the receiver never got must be counted in
-   the summary line's ``dropped=`` (and ``sgl_probe_dropped_total`` where the probe exposes it):
+   the summary line's ``dropped=`` and in ``sgl_probe_dropped_total`` on SGLang's ``/metrics``:
    no more, no fewer, and no span the trace file lacks;
 3. trace dir broken mid-run: full (ENOSPC), then read-only (EROFS), each then repaired. Where this
    test may mount, the trace dir is a tiny tmpfs that is filled and remounted read-only; elsewhere
@@ -112,10 +112,9 @@ class TraceFs:
             for p in [*self.path.iterdir(), self.path]:
                 p.chmod(0o555 if p.is_dir() else 0o444)
         elif self.mounted:
-            with open(self.path / "filler", "wb") as fh, contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), open(self.path / "filler", "wb", buffering=0) as fh:
                 while True:
                     fh.write(b"\0" * 65536)
-                    fh.flush()
         else:
             for p in self.path.glob("*.jsonl"):
                 aside = p.with_suffix(".aside")
@@ -376,8 +375,8 @@ def test_spans_lost_in_the_outage_are_counted_none_invented(fault_run: FaultRun)
     assert fault_run.dropped_after_outage == len(lost), (
         f"summary line says dropped={fault_run.dropped_after_outage}, "
         f"the receiver lacks {len(lost)} of the spans in the trace file")
-    if fault_run.dropped_metric_after_outage is not None:  # SGLang's /metrics, where the probe adds its series
-        assert fault_run.dropped_metric_after_outage == fault_run.dropped_after_outage
+    # SGLang's /metrics (--enable-metrics), where the probe adds its series
+    assert fault_run.dropped_metric_after_outage == fault_run.dropped_after_outage
 
 
 def test_collector_outage_logs_no_flood(fault_run: FaultRun):
@@ -401,7 +400,8 @@ def test_otlp_export_unaffected_by_the_trace_dir(fault_run: FaultRun):
     for kind in fault_run.fs_kinds:
         ph = fault_run.phases["trace_" + kind]
         assert ph.received_spans > 0, kind
-        assert _in(fault_run.trace, ph, lambda s: s["start_ns"]) == [], f"{kind}: the file was written anyway"
+        if kind != "ENOSPC":  # on a full file system a short batch may still fit the file's last page
+            assert _in(fault_run.trace, ph, lambda s: s["start_ns"]) == [], f"{kind}: the file was written anyway"
         after = fault_run.phases["trace_repaired_" + kind]
         assert _in(fault_run.trace, after, lambda s: s["start_ns"]), f"trace file not written again after {kind}"
 

@@ -13,7 +13,9 @@ prefills, a slow rank, env snapshots. Generation is not timed and is cached (``-
                                         [--compare OTHER_CHECKOUT] [--repeat N]
 
 ``--compare`` times another checkout's report on the same trace dir, alternating with this one
-(the order flips every round), and prints this / other ratios of wall and CPU time.
+(the order flips every round), and prints this / other ratios of wall and CPU time;
+``--aggregate-only SPANS`` times only the aggregation, the part two checkouts usually differ in
+(reading and parsing JSON is most of a report's time, and most of its noise on a busy machine).
 """
 
 from __future__ import annotations
@@ -183,6 +185,47 @@ def time_report(trace_dir: str, *extra: str, root: Path = ROOT) -> dict:
                 "stdout": out.read().decode(), "stderr": err.read().decode()}
 
 
+_AGGREGATE_ONLY = """
+import itertools, sys, time
+from sgl_probe.report.aggregate import Aggregator
+from sgl_probe.report.model import Problems
+from sgl_probe.report.sources import read_sources
+spans = list(itertools.islice(read_sources([sys.argv[1]], Problems()), int(sys.argv[2])))
+best = None
+for _ in range(int(sys.argv[3])):
+    agg = Aggregator()
+    t0 = time.process_time()
+    for s in spans:
+        agg.add(s)
+    agg.finish()
+    dt = time.process_time() - t0
+    best = dt if best is None else min(best, dt)
+print(best)
+"""
+
+
+def aggregate_only(trace_dir: str, n_spans: int, rounds: int, other: Path) -> dict:
+    """The part of a report the two checkouts differ in, alone: the first ``n_spans`` spans are
+    read into memory (not timed), then aggregated and finished (CPU time, best of 3 in each
+    process); fresh processes of this and the other checkout alternate ``rounds`` times."""
+    import statistics
+
+    pairs = []
+    for rnd in range(rounds):
+        got = {}
+        order = [("this", ROOT), ("other", other)]
+        for which, root in (order if rnd % 2 == 0 else order[::-1]):
+            out = subprocess.run([sys.executable, "-c", _AGGREGATE_ONLY, trace_dir, str(n_spans), "3"],
+                                 capture_output=True, text=True, cwd=str(root), check=True)
+            got[which] = float(out.stdout.split()[-1])
+        pairs.append(got)
+        print(f"aggregate {n_spans:,} spans: this {got['this']:.2f} s, other {got['other']:.2f} s, "
+              f"ratio {got['this'] / got['other']:.3f}", flush=True)
+    ratio = statistics.median(p["this"] / p["other"] for p in pairs)
+    print(f"aggregate only, this / other, median over {rounds} pairs: {ratio:.3f}")
+    return {"spans": n_spans, "pairs": pairs, "median_ratio": ratio}
+
+
 def dir_stats(trace_dir: str) -> dict:
     files = [os.path.join(trace_dir, n) for n in os.listdir(trace_dir) if n.endswith(".jsonl")]
     return {"files": len(files), "bytes": sum(os.path.getsize(f) for f in files)}
@@ -196,6 +239,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the numbers here, e.g. benchmarks/results/report_scale.json")
     ap.add_argument("--repeat", type=int, default=1, help="time the report this many times")
     ap.add_argument("--compare", help="another sgl-probe checkout: time its report side by side")
+    ap.add_argument("--aggregate-only", type=int, metavar="SPANS",
+                    help="with --compare: time only the aggregation of the first SPANS spans of the first file")
     args = ap.parse_args()
     other = Path(args.compare).resolve() if args.compare else None
     tmp = None
@@ -209,6 +254,14 @@ def main() -> int:
         n = generate(trace_dir, args.spans, args.ranks)
         generated = {"spans": n, "seconds": round(time.perf_counter() - t0, 1)}
         print(f"generated {n:,} spans in {generated['seconds']} s into {trace_dir}", flush=True)
+    if args.aggregate_only:
+        if other is None:
+            raise SystemExit("--aggregate-only needs --compare OTHER_CHECKOUT")
+        first = sorted(n for n in os.listdir(trace_dir) if n.endswith(".jsonl"))[0]
+        res = aggregate_only(os.path.join(trace_dir, first), args.aggregate_only, max(2, args.repeat), other)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"aggregate_only": res, "other": str(other)}, indent=1) + "\n")
+        return 0
     stats = dir_stats(trace_dir)
     print(f"trace dir: {stats['files']} files, {stats['bytes'] / 2**20:,.0f} MiB", flush=True)
     runs = []

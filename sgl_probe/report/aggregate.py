@@ -28,7 +28,7 @@ from sgl_probe.contract import (ENV_ATTR_PREFIX, ENV_DIFFERS, ENV_WITHHELD, FING
                                 SPEC_SETTINGS)
 from sgl_probe.report.fields import TP, DP, PP, accept_length, num, phase_fields, step_fields
 from sgl_probe.report.model import ENV, PHASE_NAMES, STEP, Span
-from sgl_probe.stats import WARMUP_MIN_MS, bucket, is_warmup, median, token_class
+from sgl_probe.stats import WARMUP_MIN_MS, bucket, is_warmup, median
 
 NAN = float("nan")
 #: A step index beyond this is not trusted for the dense per-step arrays.
@@ -133,10 +133,10 @@ class Aggregator:
         self.n_phase_spans = 0
         self.unknown_names: collections.Counter = collections.Counter()
         self.errors: collections.Counter = collections.Counter()
-        # (phase, graph, bucket, rank, mode, batch size, token class) -> (ms, step index)
+        # (phase, graph, bucket, rank, mode, batch size, token class, start kind, no-graph reason)
+        # -> (ms, step index). The last two ride in the key so that counting them costs nothing
+        # per span; finish() counts them and folds them out of the shape.
         self.shapes: dict[tuple, tuple[array, array]] = {}
-        self.starts: dict[tuple, int] = {}  # (phase, start kind) -> calls
-        self.no_graph: dict[tuple, int] = {}  # (phase, reason or None) -> calls without a graph
         self.steps: dict[RankKey, RankSteps] = {}
         self.by_step: dict[tuple, array] = {}  # (rank, phase) -> ms by step index (NaN: none)
         self.step_traces: dict[tuple, dict[int, str]] = {}
@@ -150,6 +150,8 @@ class Aggregator:
         self.t_min: Optional[int] = None
         self.t_max: Optional[int] = None
         # Filled by finish():
+        self.starts: dict[tuple, int] = {}  # (phase, start kind) -> calls
+        self.no_graph: dict[tuple, int] = {}  # (phase, reason or None) -> calls without a graph
         self.groups: dict[tuple, array] = {}  # (phase, graph, bucket, rank) -> steady ms
         self.warmup_groups: dict[tuple, array] = {}  # the same keys -> warm-up ms
         self.warmup_steps: dict[RankKey, set] = {}  # step indices holding a warm-up call
@@ -205,17 +207,13 @@ class Aggregator:
         b = buckets.get(bs)
         if b is None:
             b = buckets[bs] = bucket(bs)
-        key = (phase, graph, b, rank, mode, bs, token_class(ntok))
+        # token_class(ntok), inline: the hot loop
+        key = (phase, graph, b, rank, mode, bs, (ntok - 1).bit_length() if type(ntok) is int and ntok > 0 else None,
+               start, reason)
         pair = self.shapes.get(key)
         if pair is None:
             pair = self.shapes[key] = (array("d"), array("i"))
         pair[0].append(ms)
-        if start is not None:
-            k = (phase, start)
-            self.starts[k] = self.starts.get(k, 0) + 1
-        if not graph:
-            k = (phase, reason)
-            self.no_graph[k] = self.no_graph.get(k, 0) + 1
         if idx is None or not 0 <= idx <= MAX_STEP_INDEX:
             pair[1].append(NO_IDX)
         else:
@@ -331,9 +329,6 @@ class Aggregator:
             else:
                 mine[0].extend(vals)
                 mine[1].extend(idxs)
-        for counts, theirs in ((self.starts, other.starts), (self.no_graph, other.no_graph)):
-            for key, n in theirs.items():
-                counts[key] = counts.get(key, 0) + n
         for key, arr in other.by_step.items():
             mine = self.by_step.get(key)
             if mine is None:
@@ -443,7 +438,20 @@ class Aggregator:
         against the median of the shape's other calls (a shape called once: the other calls of
         its phase and graph flag on that rank that are not a shape's first). Fills ``groups``
         with the steady calls, ``warmup_groups`` and ``warmup_steps``."""
-        shapes = self.shapes
+        shapes: dict[tuple, tuple[array, array]] = {}
+        for key, (vals, idxs) in self.shapes.items():
+            phase, graph, start, reason = key[0], key[1], key[7], key[8]
+            if start is not None:
+                self.starts[(phase, start)] = self.starts.get((phase, start), 0) + len(vals)
+            if not graph:
+                self.no_graph[(phase, reason)] = self.no_graph.get((phase, reason), 0) + len(vals)
+            mine = shapes.get(key[:7])
+            if mine is None:
+                shapes[key[:7]] = (vals, idxs)
+            else:
+                mine[0].extend(vals)
+                mine[1].extend(idxs)
+        self.shapes = shapes
         firsts = {key: idxs.index(min(idxs)) for key, (_v, idxs) in shapes.items()}
         # Shapes called once compare with their (phase, graph, rank)'s other calls; collected
         # only where such a call is slow enough to be a candidate at all.

@@ -109,8 +109,18 @@ def phase_fields(span: Span) -> tuple:
         x = v.get("intValue") if type(v) is dict else None
         ntok = int(x) if type(x) is str and x.isdigit() else _raw_int(v)
         key = (_ikey(get(TP)), _ikey(get(DP)), _ikey(get(PP)))
-        return (ms, graph, bs, idx, timer, key, _raw_str(get(FORWARD_MODE)), ntok, _raw_str(get(START)),
-                None if graph else _raw_str(get(NO_GRAPH_REASON)))
+        v = get(FORWARD_MODE)
+        x = v.get("stringValue") if type(v) is dict else None
+        mode = x if type(x) is str else (_raw_str(v) if v else None)
+        v = get(START)
+        x = v.get("stringValue") if type(v) is dict else None
+        start = x if type(x) is str else (_raw_str(v) if v else None)
+        reason = None
+        if not graph:
+            v = get(NO_GRAPH_REASON)
+            x = v.get("stringValue") if type(v) is dict else None
+            reason = x if type(x) is str else (_raw_str(v) if v else None)
+        return ms, graph, bs, idx, timer, key, mode, ntok, start, reason
     a = span.attrs
     graph = a.get(CUDA_GRAPH) is True
     return (a.get(DURATION_MS), graph, integer(a.get(BATCH_SIZE)), integer(a.get(STEP_INDEX)), a.get(TIMER),

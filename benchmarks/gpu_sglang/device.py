@@ -135,8 +135,16 @@ class Server:
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
             self.proc.wait(10)
-        time.sleep(1)
-        self.signal(signal.SIGKILL)  # leftovers of the group (the probe's exporter, if any)
+        # Give what is left of the group (the probe's exporter writing out its queue) a few
+        # seconds before killing it: a run's span count is judged afterwards.
+        end = time.time() + 8
+        while time.time() < end:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        self.signal(signal.SIGKILL)
 
     def get(self, path: str, timeout: float = 30) -> str:
         with OPENER.open(self.base + path, timeout=timeout) as r:
@@ -409,7 +417,7 @@ def suite_seed(carry: Path, out: Path) -> dict:
     return res
 
 
-def throughput(srv: Server, conc: int, tokens: int, rounds: int) -> dict:
+def throughput(srv: Server, conc: int, tokens: int, rounds: int, min_s: float = 12.0) -> dict:
     """Warm-up, then ``rounds`` rounds of ``conc`` concurrent greedy requests; one request per
     round streams, and its chunk gaps are the step times (p99)."""
     concurrent(lambda i: srv.generate(f"warm up {i}", 16, True), list(range(conc)))
@@ -429,7 +437,12 @@ def throughput(srv: Server, conc: int, tokens: int, rounds: int) -> dict:
                         gaps.append(now - last)
                     last = now
 
-    for rnd in range(rounds):
+    start = time.perf_counter()
+    rnd = 0
+    # At least ``rounds`` rounds and ``min_s`` seconds: a window much longer than the span
+    # exporters' batching delay, so their work lands inside it.
+    while rnd < rounds or time.perf_counter() - start < min_s:
+        rnd += 1
         t = time.perf_counter()
         outs = concurrent(lambda i: (streamed(f"request {rnd} {i} stream") or {"tokens": tokens}) if i == 0
                           else srv.generate(f"request {rnd} {i} the quick brown fox", tokens, True),
@@ -490,13 +503,16 @@ def overhead_servers(carry: Path, out: Path, launches: int, endpoint: str) -> li
     own observability (metrics with its device timer, request tracing to the same receiver)."""
     tiny = carry / "models/tiny-llama4-h256"
     plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    # Batches leave every 0.2 s (the SDK default is 5 s), for the probe and SGLang's own tracing
+    # alike, so the export work of a step falls inside the window that measures it.
+    bsp = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true", **bsp}
     configs = [("off", plain, None, {}), ("probe", plain, os.environ["GPU_BENCH_PROBE"], otlp)]
     ref = os.environ.get("GPU_BENCH_PROBE_REF")
     if ref and Path(ref).is_dir():
         configs.append(("probe_ref", plain, ref, otlp))
     configs.append(("sglang_obs", plain + ["--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", endpoint],
-                    None, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}))
+                    None, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", **bsp}))
     servers, port = [], 30100
     for i in range(launches):
         for name, args, probe, env in configs:

@@ -42,17 +42,20 @@ def summarize(run: str, dirs: list[str]) -> dict:
     out["sglang_version"] = (out["versions"] or "").partition("sglang ")[2].split(" ")[0] or None
     c = suites.get("correct")
     if c:
-        servers = [c[n] for n in ("plain_on", "eagle_on") if n in c]
+        servers = [c[n] for n in ("plain_on", "eagle_on", "plain_nograph") if n in c]
         flags = [part for s in servers for k, part in s["graph_flag"].items() if isinstance(part, dict)]
         out["graph_flag_agreement"] = _agreement(flags)
         out["greedy_identical"] = c.get("greedy_identical")
         acc = c.get("eagle_on", {}).get("accept_length")
         out["accept_length_agreement"] = _agreement([acc]) if acc else None
-        out["counts_equal_sglang_counters"] = {n: c[n]["counts"].get("all_equal") for n in ("plain_on", "eagle_on") if n in c}
-        out["profiler_ratio"] = {n: (c[n].get("profiler") or {}).get("by_phase") for n in ("plain_on", "eagle_on") if n in c}
-        out["no_graph_reasons"] = {n: c[n].get("no_graph_reasons") for n in ("plain_on", "eagle_on") if n in c}
-        out["start_kinds"] = {n: c[n].get("start_kinds") for n in ("plain_on", "eagle_on") if n in c}
-        out["phase_p50_ms_tiny"] = {n: c[n].get("p50_ms") for n in ("plain_on", "eagle_on") if n in c}
+        out["counts_equal_sglang_counters"] = {n: (c[n].get("counts") or {}).get("all_equal") for n in ("plain_on", "eagle_on") if n in c}
+        out["profiler_ratio"] = {n: (c[n].get("profiler") or {}).get("by_phase") for n in ("plain_on", "eagle_on", "plain_nograph") if n in c}
+        names = ("plain_on", "eagle_on", "plain_nograph")
+        out["no_graph_reasons"] = {n: c[n].get("no_graph_reasons") for n in names if n in c}
+        out["start_kinds"] = {n: c[n].get("start_kinds") for n in names if n in c}
+        out["phase_p50_ms_tiny"] = {n: c[n].get("p50_ms") for n in names if n in c}
+        if c.get("note"):
+            out["note"] = c["note"]
     s = suites.get("seed")
     if s:
         seed: dict = {"decode_p50_ms": s.get("baseline", {}).get("p50_ms", {}).get("decode")}

@@ -307,3 +307,20 @@ def test_bucket_order_and_token_class():
 ])
 def test_warmup_rule_exact(ms, ref, want):
     assert stats.is_warmup(ms, ref) is want
+
+
+def test_verdict_boundaries():
+    # An accept length of exactly 1 (no draft ever accepted) still gets a verdict.
+    v = stats.evaluate(1.0, 10.0, 10.0)
+    assert v is not None and v.speedup == 1.0 and v.wins is True
+    # An infinite "other" time is unusable, like a missing one.
+    assert stats.evaluate(2.0, 10.0, 12.0, 0.0, 0.0, math.inf).cycle_ms == 12.0
+    # Exactly break-even at graph speed: "would win by 1.00×".
+    v = stats.evaluate(2.0, 10.0, 30.0, verify_no_graph=1.0, verify_graph_ms=20.0, verify_graph_source="m")
+    assert v.whatif_speedup == 1.0 and "it would win by 1.00×" in v.sentence()
+    # verify_max_ms exactly 0: even a free verify would not win.
+    v = stats.evaluate(1.0, 10.0, 5.0, 10.0)
+    assert v.verify_max_ms == 0.0 and "Even a free verify would not win" in v.sentence()
+    # verify_max_ms between 0 and 1 ms: there is (a little) room.
+    v = stats.evaluate(1.0, 10.0, 5.0, 9.5)
+    assert v.verify_max_ms == 0.5 and "verify must take under 0.5 ms" in v.sentence()

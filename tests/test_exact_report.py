@@ -324,3 +324,22 @@ def test_verdict_boundaries():
     # verify_max_ms between 0 and 1 ms: there is (a little) room.
     v = stats.evaluate(1.0, 10.0, 5.0, 9.5)
     assert v.verify_max_ms == 0.5 and "verify must take under 0.5 ms" in v.sentence()
+
+
+def test_sub_millisecond_cycles_and_graph_verifies_count():
+    v = stats.evaluate(2.0, 0.4, 0.5, verify_no_graph=0.5, verify_graph_ms=0.25)
+    assert v.cycle_ms == 0.5 and v.speedup == pytest.approx(1.6)
+    assert v.whatif_verify_ms == 0.25 and v.whatif_speedup == pytest.approx(3.2)
+
+
+def test_describe_percentiles_are_the_right_ranks():
+    d = stats.describe([float(x) for x in range(1, 102)])  # 1 .. 101
+    assert (d["p50_ms"], d["p90_ms"], d["p99_ms"], d["max_ms"]) == (51.0, 91.0, 100.0, 101.0)
+
+
+def test_several_unmatched_buckets_are_listed_in_size_order():
+    tr = spec_run()
+    tr.spec(20, 2.0, 10.0, 1.0, 2.0, 2.0)
+    tr.spec(3, 2.0, 10.0, 1.0, 2.0, 2.0)
+    out = analyse(tr.aggregate(), baseline_run().aggregate())
+    assert out["notes"] == ["no decode steps at batch size 3-4, 17-32: the overall decode mean stands in for them"]

@@ -36,16 +36,16 @@ class Timer:
         pass
 
     def start_kind(self, start):
-        return None
+        return "gpu_event" if start == 5_000_000 else None
 
 
-def build(st: StepRecord, ident=IDENT, run_id="run-1") -> list:
+def build(st: StepRecord, ident=IDENT, run_id="run-1", **extra) -> list:
     """The step's spans through whichever resolve path this checkout has."""
     try:
         from sgl_probe.drain import resolve_step
     except ImportError:
         return spans.build_step_spans(st, Timer(), run_id, ident, SPEC, RES)[1]
-    return spans.build_step_spans(resolve_step(st, Timer()), run_id, ident, SPEC, RES)
+    return spans.build_step_spans(resolve_step(st, Timer()), run_id, ident, SPEC, RES, *([extra] if extra else []))
 
 
 def phase(name, mode, bs, tokens, t0, t1, host0, host1, graph=None, hook=False, accept=None, error=None):
@@ -90,6 +90,7 @@ def test_step_and_phase_spans_exactly():
     assert v[C.PHASE] == "verify" and v[C.STEP_INDEX] == 7 and v[C.FORWARD_MODE] == "TARGET_VERIFY"
     assert v[C.BATCH_SIZE] == 2 and v[C.NUM_TOKENS] == 8 and v[C.ACCEPT_LENGTH] == 2.5
     assert v[C.CUDA_GRAPH] is False
+    assert v.get(C.START) == "gpu_event" and C.START not in dict(draft.attributes)
     assert {k: v[C.SPEC_PREFIX + k] for k in C.SPEC_SETTINGS} == SPEC
     d = dict(draft.attributes)
     assert d[C.CUDA_GRAPH] is True  # no flag from SGLang: the replay hook decides
@@ -129,13 +130,13 @@ def test_a_graph_less_step_and_an_unfinished_phase():
 
 def test_errors_mark_the_phase_and_the_step():
     st = spec_step()
-    st.phases[1].error = RuntimeError("verify blew up")
+    st.phases[1].error = RuntimeError("verify blew up: out of memory")
     st.error = KeyError("k")
     step, _draft, verify, _ = build(st)
     assert verify.status.status_code == StatusCode.ERROR
-    assert verify.status.description == "RuntimeError: verify blew up"
+    assert verify.status.description == "RuntimeError: verify blew up: out of memory"
     assert [(e.name, dict(e.attributes)) for e in verify.events] == [
-        ("exception", {"exception.type": "RuntimeError", "exception.message": "verify blew up"})]
+        ("exception", {"exception.type": "RuntimeError", "exception.message": "verify blew up: out of memory"})]
     assert verify.events[0].timestamp == verify.end_time
     assert step.status.status_code == StatusCode.ERROR and step.status.description == "KeyError: 'k'"
     assert step.events[0].timestamp == step.end_time
@@ -154,6 +155,7 @@ def test_trace_ids_line_up_across_ranks():
 
     assert spans.derived_trace_id("r", "x", 1) == int.from_bytes(
         hashlib.blake2b(b"r/x/1", digest_size=16).digest(), "big")
+    assert a == spans.derived_trace_id("run", "dp1", "step", 5)
     assert 0 < a < 1 << 128 and a.bit_length() > 64  # a 128-bit id
     assert spans.new_span_id() != spans.new_span_id() and 0 < spans.new_span_id() < 1 << 64
 
@@ -171,3 +173,20 @@ def test_env_span():
         assert span.context.is_remote is False and span.context.trace_flags.sampled
     assert spans.rank_attributes({"tp_rank": 0, "dp_rank": 0, "pp_rank": 0, "x": 1}) == {
         "sglang.tp_rank": 0, "sglang.dp_rank": 0, "sglang.pp_rank": 0}
+
+
+def test_no_graph_reason_only_on_graph_less_phases_and_extra_step_attributes():
+    st = StepRecord(3, Facts("step", "DECODE", 1, 1), 100)
+    st.host1 = 200
+    a = phase("decode", "DECODE", 1, 1, 120, 150, 110, 160, graph=False)
+    b = phase("decode", "DECODE", 1, 1, 150, 180, 160, 190, graph=True)
+    a.no_graph_reason = b.no_graph_reason = "batch_too_large"
+    st.phases = [a, b]
+    try:
+        out = build(st, **{C.KEPT: C.KEPT_SLOW})
+    except AttributeError:  # a checkout without kept steps
+        out = build(st)
+    else:
+        assert dict(out[0].attributes)[C.KEPT] == C.KEPT_SLOW
+    assert dict(out[1].attributes).get(C.NO_GRAPH_REASON) == "batch_too_large"
+    assert C.NO_GRAPH_REASON not in dict(out[2].attributes)

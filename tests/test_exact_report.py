@@ -343,3 +343,55 @@ def test_several_unmatched_buckets_are_listed_in_size_order():
     tr.spec(3, 2.0, 10.0, 1.0, 2.0, 2.0)
     out = analyse(tr.aggregate(), baseline_run().aggregate())
     assert out["notes"] == ["no decode steps at batch size 3-4, 17-32: the overall decode mean stands in for them"]
+
+
+def test_without_step_spans_every_part_is_weighted_and_only_verify_buckets_count():
+    tr = spec_run(with_steps=False)
+    tr.decode(20, 5.0, 0.0, graph=False)  # the run's own eager decode, in a bucket no verify has
+    agg = tr.aggregate()
+    cyc = spec_cycle(agg)
+    assert sorted(cyc["buckets"]) == ["1", "5-8"]
+    assert cyc["draft_extend_ms"] == pytest.approx(1.25) and cyc["draft_ms"] == pytest.approx(2.5)
+    assert cyc["verify_no_graph"] == 0.0  # an eager decode is not an eager verify
+    assert cyc["settings"] == {"algorithm": "EAGLE3", "num_steps": 3}
+    ref = decode_reference(agg)
+    assert (ref["graph"], ref["from_steps"], ref["warmup_calls"]) == (False, False, 0)
+    bare = Trace(with_steps=False)
+    bare.step(1, [("verify", 10.0, True, 2.0)])  # no draft / draft_extend spans at all
+    cyc = spec_cycle(bare.aggregate())
+    assert (cyc["draft_ms"], cyc["draft_extend_ms"], cyc["verify_ms"]) == (0.0, 0.0, 10.0)
+
+
+def test_buckets_without_accept_lengths_have_no_tau_and_rows_sort_by_size():
+    tr = Trace()
+    for _ in range(2):
+        tr.spec(20, 2.0, 30.0, 1.0, 1.0, 3.0)
+        tr.spec(3, 2.0, 10.0, 1.0, 1.0, None)
+    base = Trace()
+    base.decode(3, 5.0, 1.0)
+    base.decode(20, 8.0, 2.0)
+    out = analyse(tr.aggregate(), base.aggregate())
+    cyc = out["cycle"]
+    assert cyc["buckets"]["3-4"]["tau"] is None and cyc["buckets"]["17-32"]["tau"] == 3.0
+    assert [r["bs"] for r in out["by_bucket"]] == ["17-32"]  # no τ, no per-bucket verdict
+    tr.spec(3, 2.0, 10.0, 1.0, 1.0, 2.0)
+    out = analyse(tr.aggregate(), base.aggregate())
+    assert [r["bs"] for r in out["by_bucket"]] == ["3-4", "17-32"]
+
+
+def test_verify_warmup_is_not_counted_as_decode_warmup():
+    tr = Trace()
+    tr.spec(1, 2.0, 500.0, 1.0, 0.0, 2.0)  # the first verify of its shape: compile time
+    for _ in range(4):
+        tr.spec(1, 2.0, 10.0, 1.0, 0.0, 2.0)
+    for _ in range(3):
+        tr.decode(1, 5.0, 0.0)
+    out = analyse(tr.aggregate())
+    assert out["decode"]["warmup_calls"] == 0 and out["cycle"]["n_verify"] == 4
+
+
+def test_a_zero_decode_time_gives_no_verdict():
+    base = Trace()
+    base.decode(1, 0.0, 0.0)
+    out = analyse(spec_run().aggregate(), base.aggregate())
+    assert out["verdict"] is None and out["decode_matched_ms"] == 0.0

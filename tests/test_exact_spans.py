@@ -190,3 +190,14 @@ def test_no_graph_reason_only_on_graph_less_phases_and_extra_step_attributes():
         assert dict(out[0].attributes)[C.KEPT] == C.KEPT_SLOW
     assert dict(out[1].attributes).get(C.NO_GRAPH_REASON) == "batch_too_large"
     assert C.NO_GRAPH_REASON not in dict(out[2].attributes)
+
+
+def test_the_step_starts_at_its_earliest_phase_and_unfinished_phases_are_skipped():
+    st = StepRecord(4, Facts("step", "DECODE", 1, 1), 500)
+    st.host1 = 600
+    # The first phase never finished; the GPU interval of the second began before the host call.
+    st.phases = [phase("decode", "DECODE", 1, 1, 50, None, 500, 500),
+                 phase("decode", "DECODE", 1, 1, 100, 700, 510, 590, graph=True)]
+    step, dec = build(st)
+    assert (dec.start_time, dec.end_time) == (100 + OFFSET, 700 + OFFSET)
+    assert (step.start_time, step.end_time) == (100 + OFFSET, 700 + OFFSET)

@@ -698,3 +698,112 @@ def test_draft_extend_after_prefill_counts_the_prompt_tokens():
     # After a verify the batch arrives in decode mode: the verified window is re-run.
     assert readers.spec_call(after_verify, (d,), {}, spec) == ("draft_extend", "DRAFT_EXTEND_V2", 2, 8)
     assert readers.spec_call(DRAFT, (d,), {}, {"num_steps": 3}) == ("draft", "DECODE", 2, 4)  # topk 1
+
+
+# -- the recorder's own failures: one line naming the error, SGLang's call unaffected -----------------
+
+def _errors(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.fixture
+def errors(caplog):
+    logger = logging.getLogger("sgl_probe")
+    old, logger.propagate = logger.propagate, True
+    with caplog.at_level(logging.ERROR, logger="sgl_probe"):
+        yield caplog
+    logger.propagate = old
+
+
+def test_step_record_carries_the_index_and_the_batch():
+    rig = Rig()
+    rig.decode_step(1)
+    b = NS(forward_mode=ForwardMode.EXTEND, seq_lens=[0, 0], extend_num_tokens=13)
+    rig.step(None, b, lambda: rig.forward(None, b))
+    st = rig.rec.steps[-1]
+    assert (st.index, st.mode, st.batch_size, st.num_tokens) == (2, "EXTEND", 2, 13)
+    assert st.host1 >= st.host0 and [s.index for s in rig.rec.steps] == [1, 2]
+
+
+def test_failure_while_queueing_a_step_is_logged_with_its_error(errors):
+    rig = Rig(max_pending=1)
+    rig.decode_step(1)
+
+    def release(start, end):
+        raise RuntimeError("release failed")
+
+    rig.timer.release = release
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    assert rig.step(None, b, lambda: rig.forward(None, b) or "sglang") == "sglang"
+    assert _errors(errors) == [f"sgl-probe: hook {STEP.name} disabled after an internal error: "
+                               "RuntimeError('release failed') (SGLang is unaffected)"]
+
+
+def test_failure_while_closing_a_phase_is_logged_with_its_error(errors):
+    rig = Rig()
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+
+    def stop(token, now):
+        raise RuntimeError("stop failed")
+
+    rig.timer.stop = stop
+    assert rig.step(None, b, lambda: rig.forward(None, b, "ok")) == "ok"
+    rig = Rig()  # and when SGLang's call raised: its exception still propagates
+    rig.timer.stop = stop
+    raising = rig.rec.phase_method(Hook(FORWARD), lambda w, bb: (_ for _ in ()).throw(KeyError("sglang")))
+    with pytest.raises(KeyError):
+        rig.step(None, b, lambda: raising(None, b))
+    assert _errors(errors) == [
+        f"sgl-probe: hook {FORWARD.name} disabled after an internal error: RuntimeError('stop failed') "
+        "(SGLang is unaffected)"] * 2
+
+
+def test_accept_reader_failure_names_the_error(errors):
+    rig = Rig()
+    rig.verify_step(2)
+
+    class Odd(int):
+        def __rtruediv__(self, other):
+            raise ZeroDivisionError("odd")
+
+    rig.accept(None, Odd(2), num_accept_tokens=4)
+    assert _errors(errors) == [f"sgl-probe: hook {ACCEPT.name} disabled after an internal error: "
+                               "ZeroDivisionError('odd') (SGLang is unaffected)"]
+
+
+def test_a_call_that_is_not_a_phase_leaves_the_hook_on():
+    rig = Rig()
+    idle = NS(forward_mode=ForwardMode.IDLE, seq_lens=[])
+    assert rig.step(None, idle, lambda: rig.forward(None, idle, "idle-result")) == "idle-result"
+    assert rig.hooks["forward"].enabled and len(rig.rec.steps) == 0
+
+
+def test_a_phase_after_a_raising_phase_in_the_same_step_is_timed():
+    rig = Rig()
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    raising = rig.rec.phase_method(Hook(FORWARD), lambda w, bb: (_ for _ in ()).throw(KeyError("x")))
+
+    def body():
+        try:
+            raising(None, b)
+        except KeyError:
+            pass
+        rig.forward(None, b, NS(can_run_cuda_graph=True))
+
+    rig.step(None, b, body)
+    phases = rig.rec.steps[-1].phases
+    assert [p.error is not None for p in phases] == [True, False] and phases[1].graph is True
+
+
+def test_a_flagless_phase_asks_why_with_its_mode_and_size_and_keeps_the_hook_flag(monkeypatch):
+    from sgl_probe import no_graph
+
+    asked = []
+    monkeypatch.setattr(no_graph, "reason_for", lambda runner: lambda obj, mode, bs: asked.append((mode, bs))
+                        or "graphs_disabled")
+    rig = Rig(verify=DRAFT)  # the draft reports no flag of its own
+    plain = rig.verify_step(3)
+    hooked = rig.verify_step(2, replay=True)
+    assert asked == [("DECODE", 3)]
+    assert plain.graph is None and plain.no_graph_reason == "graphs_disabled" and graph_used(plain) is False
+    assert hooked.graph is None and hooked.no_graph_reason is None and graph_used(hooked) is True

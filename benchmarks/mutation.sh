@@ -80,8 +80,8 @@ start=$(date +%s)
 # mutmut draws a spinner with carriage returns: one line per frame would flood a log, so drop them.
 nice -n 10 "$VENV/bin/mutmut" run --max-children "$JOBS" "${names[@]}" 2>&1 | tr '\r' '\n' \
   | grep --line-buffered -v '^[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]' || true
-"$VENV/bin/python" - "$OUT" "$commit" "$(( $(date +%s) - start ))" "${MODULES[@]}" <<'EOF'
-import json, pathlib, sys
+RETEST=$RETEST "$VENV/bin/python" - "$OUT" "$commit" "$(( $(date +%s) - start ))" "${MODULES[@]}" <<'EOF'
+import json, os, pathlib, sys
 
 out, commit, seconds, modules = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 # mutmut's exit codes: 1/3 the tests failed (killed), 36/24/152/255 timeout (counted as killed:
@@ -105,7 +105,9 @@ for mod in modules:
 k = sum(m["killed"] for m in mods.values())
 t = sum(m["total"] for m in mods.values())
 result["overall"] = {"killed": k, "total": t, "score": round(k / t, 4) if t else None}
-result.setdefault("seconds", {})[" ".join(modules) if len(modules) < 4 else "all"] = seconds
+result.pop("seconds", None)
+result.setdefault("runs", []).append({"mode": "retest" if os.environ.get("RETEST") == "1" else "full",
+                                      "modules": len(modules), "seconds": seconds})
 path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
 for name, m in mods.items():
     print(f"{name:28s} {m['killed']:4d}/{m['total']:<4d} killed")

@@ -807,3 +807,13 @@ def test_a_flagless_phase_asks_why_with_its_mode_and_size_and_keeps_the_hook_fla
     assert asked == [("DECODE", 3)]
     assert plain.graph is None and plain.no_graph_reason == "graphs_disabled" and graph_used(plain) is False
     assert hooked.graph is None and hooked.no_graph_reason is None and graph_used(hooked) is True
+
+
+def test_a_step_whose_batch_comes_by_keyword():
+    rec = Recorder("cpu", 10, LOG)
+    fwd = rec.phase_method(Hook(FORWARD), lambda w, b: "r")
+    step = rec.step_method(Hook(STEP), lambda sched, batch: fwd(None, batch))
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0, 0, 0])
+    assert step("sched", batch=b) == "r"
+    st = rec.steps[-1]
+    assert (st.mode, st.batch_size, st.num_tokens) == ("DECODE", 4, 4)

@@ -482,7 +482,7 @@ def test_bootstrap_interval_brackets_the_median():
 
 def test_kernel_event_parser(tmp_path):
     _bench()
-    import gpu_bench
+    import gpu_bench_accuracy as gpu_bench
 
     trace = {"traceEvents": [
         {"ph": "X", "cat": "kernel", "ts": 10.0, "dur": 5.0, "name": "k1"},

@@ -1,0 +1,25 @@
+"""gpu_bench section graphflag: sglang.cuda_graph on every exported span vs what each step ran,
+and whether every probed step was exported."""
+
+from __future__ import annotations
+
+import gpu_common as gc
+
+
+def section_graphflag(rcv: gc.ReceiverProcess, loops: dict) -> dict:
+    spans = rcv.spans()
+    out = {}
+    for name, info in loops.items():
+        tag = info["probe_tag"]
+        phases = [x for x in spans if x["name"] != "sglang.step" and
+                  x["attributes"].get("sgl_probe.target", "").endswith("Worker_%s.forward_batch_generation" % tag)]
+        graph_true = sum(1 for x in phases if x["attributes"].get("sglang.cuda_graph") is True)
+        expect_graph = name.startswith("graph")
+        out[name] = {
+            "phase_spans": len(phases), "steps_run_with_probe": info["steps_run"]["probe"],
+            "phase_names": sorted({x["name"] for x in phases}),
+            "cuda_graph_true": graph_true, "cuda_graph_false": len(phases) - graph_true,
+            "flag_correct_on_every_span": (graph_true == len(phases)) if expect_graph else (graph_true == 0),
+            "all_steps_exported": len(phases) == info["steps_run"]["probe"],
+        }
+    return out

@@ -89,7 +89,7 @@ out, commit, seconds, modules = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.
 KILLED = {1, 3, 36, 24, -24, 152, 255, 37}
 path = pathlib.Path(out)
 result = json.loads(path.read_text()) if path.exists() else {}
-result.update({"tool": "mutmut 3 (benchmarks/mutation.sh)", "commit": commit})
+result["tool"] = "mutmut 3 (benchmarks/mutation.sh)"
 mods = result.setdefault("modules", {})
 for mod in modules:
     meta = pathlib.Path("mutants") / (mod + ".meta")
@@ -102,6 +102,9 @@ for mod in modules:
         "survived": sorted(k for k, v in codes.items() if v not in KILLED),
         "commit": commit,
     }
+result["commit"] = {}  # commit -> the modules whose sources came from it
+for name, m in mods.items():
+    result["commit"].setdefault(m["commit"], []).append(name)
 k = sum(m["killed"] for m in mods.values())
 t = sum(m["total"] for m in mods.values())
 result["overall"] = {"killed": k, "total": t, "score": round(k / t, 4) if t else None}

@@ -270,6 +270,9 @@ def fault_run(tmp_path_factory) -> FaultRun:
                 rcv.wait_for(some, timeout=timeout)
             ph.received_spans = sum(1 for s in rcv.spans() if ph.t0 <= s.start_ns <= ph.t1)
 
+        def trace_size() -> int:
+            return sum(p.stat().st_size for p in fs.path.glob("*.jsonl") if not p.is_symlink())
+
         def settle(quiet_s: float, timeout: float = 60) -> None:
             """Until neither the receiver nor the trace files grew for ``quiet_s``."""
             deadline, last, since = time.monotonic() + timeout, None, time.monotonic()
@@ -309,7 +312,20 @@ def fault_run(tmp_path_factory) -> FaultRun:
             ph = phase("trace_" + kind, between=lambda: time.sleep(2))
             arrived(ph, receiver, 30)
             fs.repair(kind)
-            arrived(phase("trace_repaired_" + kind), receiver, 30)
+            size0 = trace_size()
+            n_log0 = len(server.log_text().splitlines())
+
+            def written_again(size0: int = size0, n_log0: int = n_log0) -> None:
+                """Until the exporter wrote this phase's spans (its batches leave every few
+                seconds), so the next fault does not hit them in flight."""
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    new_log = "\n".join(server.log_text().splitlines()[n_log0:])
+                    if trace_size() > size0 and "again" in new_log:
+                        return
+                    time.sleep(0.25)
+
+            arrived(phase("trace_repaired_" + kind, between=written_again), receiver, 30)
         settle(quiet_s=3)
         # 4. slow collector
         run.dropped_before_slow = summary_now()

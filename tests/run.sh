@@ -12,4 +12,7 @@ if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]"
+# The real-SGLang environments (cached under .harness/ after the first run): built before the
+# tests, so the fast checks that read SGLang's sources (test_exact_targets) find them too.
+"$VENV/bin/python" -m tests.harness build
 exec "$VENV/bin/python" -m pytest -q -rs --durations=15 "$@"

@@ -62,6 +62,10 @@ class InProcessSink:
     def dropped(self) -> int:
         return self.spans.dropped
 
+    @property
+    def dropped_by(self) -> dict[str, int]:
+        return self.spans.dropped_by
+
     def flush(self, timeout_s: float) -> None:
         self.spans.flush(timeout_s)
 
@@ -105,6 +109,14 @@ class Pipeline:
     @property
     def export_dropped(self) -> int:
         return self.sink.dropped if self.sink is not None else 0
+
+    def dropped_by(self) -> dict[str, int]:
+        """Where the drops happened: ``pending`` (steps, more than SGL_PROBE_MAX_PENDING waited
+        for the drain), then the sink's (``link``, ``otlp``, ``trace_dir``: spans)."""
+        out = {"pending": self.recorder.dropped_steps}
+        if self.sink is not None:
+            out.update(self.sink.dropped_by)
+        return out
 
     def start(self) -> None:
         if self._thread is not None and self._pid == os.getpid():
@@ -188,8 +200,9 @@ class Pipeline:
             return done
 
     def _log_summary(self) -> None:
-        dropped = self.recorder.dropped_steps + self.export_dropped
-        line = self.summary.maybe_line(dropped=dropped)
+        by = self.dropped_by()
+        dropped = sum(by.values())
+        line = self.summary.maybe_line(dropped=dropped, by=by)
         if self.metrics is not None:
             self.metrics.set_dropped(dropped)
             if line and self.summary.last_verdict is not None:  # a window without one keeps the last

@@ -40,8 +40,8 @@ class Exporter:
     def stats(self) -> tuple:
         sink = self.sink
         if sink is None:
-            return (self.received, 0, 0)
-        return (self.received, sink.settled, sink.dropped)
+            return (self.received, 0, 0, {})
+        return (self.received, sink.settled, sink.dropped, sink.dropped_by)
 
     def handle(self, kind: str, payload: Any) -> bool:
         """False when told to stop."""

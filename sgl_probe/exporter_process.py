@@ -54,8 +54,9 @@ class ProcessSink:
         self.closed = False  # shut down: no more sends, no restarts
         self.link_dropped = 0  # spans refused by a full link, or sent after giving up
         self.lost = 0  # spans a dead exporter had not finished with
+        self._dead_dropped: dict[str, int] = {}  # what dead exporters' outputs had dropped
         self.sent = 0  # spans sent to the current exporter
-        self.stats = (0, 0, 0)  # the current exporter's (received, settled, dropped)
+        self.stats: tuple = (0, 0, 0, {})  # the current exporter's (received, settled, dropped, by output)
         self._meta_sent: Any = None
         self._lock = threading.RLock()
         self._flush_token = 0
@@ -70,7 +71,7 @@ class ProcessSink:
     def _open_link(self) -> None:
         self._sock, self._theirs = wire.pair()
         self.sent = 0
-        self.stats = (0, 0, 0)
+        self.stats = (0, 0, 0, {})
         self._meta_sent = None
 
     def _spawn(self) -> None:
@@ -92,8 +93,10 @@ class ProcessSink:
 
     def _died(self, why: str) -> None:
         self.deaths += 1
-        received, settled, dropped = self.stats
-        self.lost += max(0, self.sent - settled) + dropped + sum(spans for _, spans in self._backlog)
+        received, settled, dropped, by_output = self.stats
+        for name, n in by_output.items():
+            self._dead_dropped[name] = self._dead_dropped.get(name, 0) + n
+        self.lost += max(0, self.sent - settled) + sum(spans for _, spans in self._backlog)
         self._backlog.clear()  # its messages belong to the dead link (the next needs META first)
         self._backlog_bytes = 0
         try:
@@ -234,7 +237,17 @@ class ProcessSink:
 
     @property
     def dropped(self) -> int:
-        return self.link_dropped + self.lost + self.stats[2]
+        return sum(self.dropped_by.values())
+
+    @property
+    def dropped_by(self) -> dict[str, int]:
+        """``link``: spans that never reached an exporter (a full link, a dead or missing exporter
+        process); then each output of the exporter process, over every exporter it started."""
+        out = {"link": self.link_dropped + self.lost}
+        for by in (self._dead_dropped, self.stats[3]):
+            for name, n in by.items():
+                out[name] = out.get(name, 0) + n
+        return out
 
     def flush(self, timeout_s: float) -> bool:
         """Wait (up to ``timeout_s``) until the exporter has exported everything sent so far."""

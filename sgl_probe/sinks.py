@@ -183,7 +183,8 @@ class _Counted(SpanExporter):
 class _Bounded:
     """A BatchSpanProcessor that is handed a span only when its queue has room."""
 
-    def __init__(self, exporter: SpanExporter, max_queue: int) -> None:
+    def __init__(self, name: str, exporter: SpanExporter, max_queue: int) -> None:
+        self.name = name  # what the summary line's drop breakdown calls it
         self.counted = _Counted(exporter)
         self.max_queue = max_queue
         self.handed = 0
@@ -212,25 +213,25 @@ class SpanSink:
         self.outputs: list[_Bounded] = []
         self.exported = 0
         queue = _queue_size(environ)
-        exporters: list[SpanExporter] = []
+        exporters: list[tuple[str, SpanExporter]] = []
         try:
             exporter = otlp_exporter(environ)
             if exporter is not None:
-                exporters.append(exporter)
+                exporters.append(("otlp", exporter))
         except Exception as exc:
             log.warning("sgl-probe: cannot set up the OTLP exporter: %r; no spans over OTLP", exc)
         if trace_dir:
             try:
                 os.makedirs(trace_dir, exist_ok=True)
-                exporters.append(JsonLinesExporter(trace_file(trace_dir, pid)))
+                exporters.append(("trace_dir", JsonLinesExporter(trace_file(trace_dir, pid))))
             except OSError as exc:
                 log.warning("sgl-probe: %s=%r is not usable (%s); no trace files", C.ENV_TRACE_DIR, trace_dir, exc)
-        for exporter in exporters:
+        for name, exporter in exporters:
             try:
-                self.outputs.append(_Bounded(exporter, queue))
+                self.outputs.append(_Bounded(name, exporter, queue))
             except ValueError as exc:  # e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE above the queue size
                 log.warning("sgl-probe: OTEL_BSP_* settings rejected (%s); using the SDK defaults", exc)
-                self.outputs.append(_Bounded(exporter, _DEFAULT_QUEUE))
+                self.outputs.append(_Bounded(name, exporter, _DEFAULT_QUEUE))
 
     def steps(self, steps: Sequence[ResolvedStep], run_id: str, ident: dict, spec: dict, resource: Any,
               kept_slow: Sequence[bool] = ()) -> None:
@@ -248,7 +249,13 @@ class SpanSink:
 
     @property
     def dropped(self) -> int:
+        """Summed over the outputs: a span neither of two outputs delivered counts twice."""
         return sum(out.dropped for out in self.outputs)
+
+    @property
+    def dropped_by(self) -> dict[str, int]:
+        """Per output (``otlp``, ``trace_dir``): with two outputs, which one is losing spans."""
+        return {out.name: out.dropped for out in self.outputs}
 
     @property
     def settled(self) -> int:

@@ -117,7 +117,7 @@ class Summary:
             verify_graph_ms=graph_verify if graph_verify is not None else (t_decode if decode_graph else None),
             verify_graph_source="measured" if graph_verify is not None else "one graph decode forward")
 
-    def line(self, dropped: int = 0) -> Optional[str]:
+    def line(self, dropped: int = 0, by: Optional[dict] = None) -> Optional[str]:
         if not self._window:
             return None
         who = " ".join(f"{k}={self.ident[k]}" for k in RANKS if self.ident.get(k) is not None)
@@ -143,16 +143,19 @@ class Summary:
             parts.append(f"verdict from {VERDICT_STATISTIC}s, {warm_total} warm-up {calls} left out")
             parts.append(v.short())
         tail = f" | dropped={dropped}" if dropped else ""
+        where = " ".join(f"{k}={n}" for k, n in (by or {}).items() if n)
+        if dropped and where:
+            tail += f" ({where})"
         return f"sgl-probe summary [{who or 'pid'}]: " + " | ".join(parts) + tail
 
-    def maybe_line(self, dropped: int = 0) -> Optional[str]:
+    def maybe_line(self, dropped: int = 0, by: Optional[dict] = None) -> Optional[str]:
         if self.every_ns <= 0:
             return None
         now = time.monotonic_ns()
         if now - self._last < self.every_ns:
             return None
         self._last = now
-        out = self.line(dropped)
+        out = self.line(dropped, by)
         self._window = {}
         self._accept = []
         return out

@@ -19,7 +19,8 @@ ENV = "env"        # (attributes, wall-clock ns, span name)
 FLUSH = "flush"    # token: export what you have, then answer FLUSHED
 STOP = "stop"      # flush and exit
 # exporter -> server
-STATS = "stats"    # (spans received, spans finished: exported, failed or refused, spans dropped)
+STATS = "stats"    # (spans received, spans finished: exported, failed or refused, spans dropped,
+                   #  {output name: spans it dropped})
 FLUSHED = "flushed"  # (token, STATS payload)
 
 #: Largest message sent; a batch of steps is split to stay under it.

@@ -5,6 +5,7 @@ run for real; the collector is a stand-in exporter the test can stall and fail a
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -35,12 +36,12 @@ class StalledCollector(SpanExporter):
         self.release.set()
 
 
-def make_sink(monkeypatch, collector, queue: int = 8):
+def make_sink(monkeypatch, collector, queue: int = 8, trace_dir=None):
     monkeypatch.setattr(sinks, "otlp_exporter", lambda environ=None: collector)
     env = {"OTEL_BSP_MAX_QUEUE_SIZE": str(queue), "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    return sinks.SpanSink(None, 1)
+    return sinks.SpanSink(trace_dir, 1)
 
 
 def batch(n: int, tag: str) -> list:
@@ -80,11 +81,39 @@ def test_a_failing_collector_counts_each_span_once(monkeypatch):
         sink.shutdown()
 
 
-@pytest.mark.parametrize("dropped,tail", [(0, ""), (15, " | dropped=15")])
-def test_the_summary_line_names_the_exact_count(dropped, tail):
+def test_each_output_counts_its_own_drops(monkeypatch, tmp_path):
+    """A stalled collector next to a healthy trace dir: the breakdown blames the collector only,
+    and each output's count is exactly what it did not deliver."""
+    collector = StalledCollector()
+    sink = make_sink(monkeypatch, collector, trace_dir=str(tmp_path))
+    trace_out = next(out for out in sink.outputs if out.name == "trace_dir")
+    try:
+        sink.offer(batch(6, "a"))  # both outputs take all six
+        assert collector.entered.wait(10)
+        deadline = time.monotonic() + 10
+        while trace_out.counted.done < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sink.offer(batch(6, "b"))  # the collector still holds six of its eight: four find no room
+        assert sink.dropped_by == {"otlp": 4, "trace_dir": 0}
+        collector.release.set()
+        sink.flush(10)
+        written = (tmp_path / "sgl-probe-1.jsonl").read_text().count('"spanId"')
+        assert sink.dropped_by == {"otlp": 4, "trace_dir": 0} and sink.dropped == 4
+        assert written == 12 and len(collector.got) == 12 - 4
+    finally:
+        collector.release.set()
+        sink.shutdown()
+
+
+@pytest.mark.parametrize("dropped,by,tail", [
+    (0, {"pending": 0, "otlp": 0}, ""),
+    (15, None, " | dropped=15"),
+    (15, {"pending": 0, "link": 3, "otlp": 12, "trace_dir": 0}, " | dropped=15 (link=3 otlp=12)"),
+])
+def test_the_summary_line_names_the_exact_count(dropped, by, tail):
     from sgl_probe.resolved import ResolvedPhase
 
     s = Summary(1.0, {"tp_rank": 0})
     s.add((ResolvedPhase("decode", 0, 2_000_000, True, "DECODE", 1, 1, 0.1, "t"),))
-    line = s.line(dropped=dropped)
+    line = s.line(dropped=dropped, by=by)
     assert line.endswith("graph=100%" + tail)

@@ -217,5 +217,7 @@ def test_a_stalled_exporter_costs_counted_drops_never_a_wait(probe_factory, rece
     assert not sink.backlogged
     lost_steps = sink.link_dropped // 2
     assert pipe.export_dropped == sink.link_dropped
+    # the summary line's breakdown blames the link (the exporter was stopped), not the collector
+    assert {k: n for k, n in pipe.dropped_by().items() if n} == {"link": sink.link_dropped}
     steps = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 3001 - lost_steps, timeout=60)
     assert sum(x.name == "sglang.step" for x in steps) == 3001 - lost_steps

@@ -6,8 +6,9 @@ One launch, phases in order (each one's facts are checked by its own test below)
 2. collector killed: the receiver is stopped; the same prompts; the receiver is started again on
    the same port; the same prompts once more. Token ids must equal phase 1's, export must resume,
    and every span the probe wrote to its trace file but the receiver never got must be counted in
-   the summary line's ``dropped=`` and in ``sgl_probe_dropped_total`` on SGLang's ``/metrics``:
-   no more, no fewer, and no span the trace file lacks;
+   the summary line's ``dropped=`` (as ``otlp=`` in its breakdown) and in
+   ``sgl_probe_dropped_total`` on SGLang's ``/metrics``: no more, no fewer, and no span the trace
+   file lacks;
 3. trace dir broken mid-run: full (ENOSPC), then read-only (EROFS), each then repaired. Where this
    test may mount, the trace dir is a tiny tmpfs that is filled and remounted read-only; elsewhere
    (no root) the directory and its files are made read-only with chmod. Each episode costs one log
@@ -15,7 +16,8 @@ One launch, phases in order (each one's facts are checked by its own test below)
    left in the file;
 4. slow collector: a receiver that answers each export after 1.5 s. Step times stay those of
    phase 1 (a blocked step would take the 1.5 s), memory stays bounded, and the spans that did
-   not fit the bounded queue are counted exactly.
+   not fit the bounded queue are counted exactly, per output (on a busy machine the trace dir's
+   queue may overflow in the same bursts: its count must then explain what the file lacks).
 
 The server also carries planted secrets: in allow-listed variables' values (a URL with
 ``user:password@``, ``hf_`` / ``sk-`` / ``ghp_`` tokens, a JWT) and in its arguments
@@ -74,7 +76,7 @@ SECRET_ARGS = ("--api-key", API_KEY, "--admin-api-key", "PLANTEDADMINKEY0001",
 SECRETS = ("PLANTEDURLPASS", "PLANTEDHF0001abc", "PLANTEDJWTSIGNATURE1", "eyJzdWIiOiJQTEFOVEVEIn0",
            "PLANTEDGITHUB", "PLANTEDOPENAI", "PLANTEDAPIKEY", "PLANTEDADMINKEY", "PLANTEDOTLPPASS")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-DROPPED = re.compile(r"\| dropped=(\d+)")
+DROPPED = re.compile(r"\| dropped=(\d+)(?: \(([^)]*)\))?")
 
 
 class SlowReceiver(OTLPReceiver):
@@ -192,10 +194,11 @@ class FaultRun:
     received: list = field(default_factory=list)  # every span, from every receiver, in order
     trace: list = field(default_factory=list)
     bad_lines: list = field(default_factory=list)
-    dropped_after_outage: int | None = None
+    # the summary line's drop breakdown ({"otlp": n, "trace_dir": n, "link": n}) at these points
+    dropped_after_outage: dict | None = None
     dropped_metric_after_outage: float | None = None
-    dropped_before_slow: int | None = None
-    dropped_after_slow: int | None = None
+    dropped_before_slow: dict | None = None
+    dropped_after_slow: dict | None = None
     rss_before_slow: dict = field(default_factory=dict)
     rss_after_slow: dict = field(default_factory=dict)
     fs_kinds: tuple = ()
@@ -204,13 +207,20 @@ class FaultRun:
     trace_text: str = ""
 
 
-def _last_dropped(log: str) -> int | None:
-    """``dropped=`` of the newest summary line (0 when that line has none); None: no line."""
+def _last_dropped(log: str) -> dict | None:
+    """The newest summary line's drops by where they happened, with ``total`` (``dropped=``);
+    all zero when that line has none; None: no line."""
     out = None
     for line in log.splitlines():
         if "sgl-probe summary" in line:
             m = DROPPED.search(line)
-            out = int(m.group(1)) if m else 0
+            out = {"total": 0, "otlp": 0, "trace_dir": 0, "link": 0, "pending": 0}
+            if m:
+                out["total"] = int(m.group(1))
+                for part in (m.group(2) or "").split():
+                    key, _, n = part.partition("=")
+                    out[key] = int(n)
+                assert sum(v for k, v in out.items() if k != "total") == out["total"], line
     return out
 
 
@@ -284,7 +294,7 @@ def fault_run(tmp_path_factory) -> FaultRun:
                     return
                 time.sleep(0.25)
 
-        def summary_now() -> int | None:
+        def summary_now() -> dict | None:
             """``dropped=`` of a summary line written after one more step (1 s windows)."""
             n = len(server.log_text().splitlines())
             generate(server, PROMPTS[0], 2)
@@ -388,11 +398,12 @@ def test_spans_lost_in_the_outage_are_counted_none_invented(fault_run: FaultRun)
     down = fault_run.phases["collector_down"]
     assert any(down.t0 <= s["start_ns"] <= down.t1 for s in fault_run.trace if s["span_id"] in lost), \
         "the outage lost nothing: the collector was not really down"
-    assert fault_run.dropped_after_outage == len(lost), (
-        f"summary line says dropped={fault_run.dropped_after_outage}, "
-        f"the receiver lacks {len(lost)} of the spans in the trace file")
+    by = fault_run.dropped_after_outage
+    assert by["trace_dir"] == 0 and by["link"] == 0 and by["pending"] == 0, by
+    assert by["otlp"] == len(lost), (
+        f"summary line says {by}, the receiver lacks {len(lost)} of the spans in the trace file")
     # SGLang's /metrics (--enable-metrics), where the probe adds its series
-    assert fault_run.dropped_metric_after_outage == fault_run.dropped_after_outage
+    assert fault_run.dropped_metric_after_outage == by["total"]
 
 
 def test_collector_outage_logs_no_flood(fault_run: FaultRun):
@@ -447,10 +458,18 @@ def test_slow_collector_memory_bounded_and_drops_counted(fault_run: FaultRun):
     slow = run.phases["slow_collector"]
     written = {s["span_id"] for s in _in(run.trace, slow, lambda s: s["start_ns"])}
     got = {s.span_id for s in _in(run.received, slow, lambda s: s.start_ns)}
-    assert got <= written
-    assert len(written) > 64, "the load did not exceed the 64-span queue"
-    assert run.dropped_after_slow - run.dropped_before_slow == len(written - got) > 0, (
-        run.dropped_before_slow, run.dropped_after_slow, len(written), len(got))
+    delta = {k: run.dropped_after_slow[k] - run.dropped_before_slow[k] for k in run.dropped_before_slow}
+    facts = (run.dropped_before_slow, run.dropped_after_slow, len(written), len(got), len(written - got),
+             len(got - written))
+    assert len(written | got) > 64, "the load did not exceed the 64-span queue"
+    assert delta["link"] == 0 and delta["pending"] == 0, facts
+    # Each output's count is exactly what it did not deliver of the same spans (those the server
+    # made in the phase): received + dropped by OTLP == written + dropped by the trace dir.
+    assert len(got) + delta["otlp"] == len(written) + delta["trace_dir"], facts
+    # What one output has and the other lacks is the other's drop; beyond that, a span both lost
+    # counts once in each.
+    assert delta["otlp"] >= len(written - got) > 0, facts
+    assert delta["trace_dir"] >= len(got - written), facts
 
 
 def test_no_planted_secret_leaves_the_process(fault_run: FaultRun):

@@ -16,7 +16,7 @@ import weakref
 from typing import Any, Optional
 
 from sgl_probe import config, envsnap
-from sgl_probe.contract import ENV_RUN_ID as RUN_ID_VAR
+from sgl_probe.contract import DIST_BACKEND, ENV_RUN_ID as RUN_ID_VAR, SNAPSHOT_TRIGGER
 from sgl_probe.recorder import Recorder
 
 log = logging.getLogger("sgl_probe")
@@ -144,10 +144,10 @@ class Probe:
         self._nccl_sent = True
         self._send_process_start()
         attrs = envsnap.snapshot_attributes("nccl_init", self.cfg.env_allow)
-        attrs["sgl_probe.snapshot_trigger"] = hook.target.name
+        attrs[SNAPSHOT_TRIGGER] = hook.target.name
         backend = kwargs.get("backend", args[0] if args and isinstance(args[0], str) else None)
         if backend is not None:
-            attrs["sgl_probe.dist_backend"] = str(backend)
+            attrs[DIST_BACKEND] = str(backend)
         pipeline = self.ensure_pipeline()
         if self.cfg.nccl_confirm:
             # After the snapshot above (it shows the user's env), before NCCL reads its settings.

@@ -64,6 +64,8 @@ SPEC_SETTINGS = ("algorithm", "num_steps", "topk", "num_draft_tokens")
 # --- env snapshot attributes ----------------------------------------------------------------
 SNAPSHOT_POINT = "sgl_probe.snapshot_point"
 SNAPSHOT_POINTS = ("process_start", "nccl_init", "nccl_confirm")
+SNAPSHOT_TRIGGER = "sgl_probe.snapshot_trigger"  # nccl_init: the target whose call took it
+DIST_BACKEND = "sgl_probe.dist_backend"  # nccl_init: torch.distributed's backend, when passed
 ENV_ATTR_PREFIX = "env."
 LAUNCHER_ENV_PREFIX = "launcher_env."
 ENV_NAMES = "sgl_probe.env.names"

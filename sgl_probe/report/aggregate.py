@@ -23,7 +23,7 @@ import math
 from array import array
 from typing import Any, Optional
 
-from sgl_probe.contract import (ENV_ATTR_PREFIX, ENV_DIFFERS, ENV_WITHHELD, FINGERPRINT_SPAN, LAUNCHER_ENV_PREFIX,
+from sgl_probe.contract import (DIST_BACKEND, SNAPSHOT_TRIGGER, ENV_ATTR_PREFIX, ENV_DIFFERS, ENV_WITHHELD, FINGERPRINT_SPAN, LAUNCHER_ENV_PREFIX,
                                 PHASES, PROBE_VERSION, RUN_ID, SGLANG_VERSION, SNAPSHOT_POINT, SPEC_PREFIX,
                                 SPEC_SETTINGS)
 from sgl_probe.report.fields import TP, DP, PP, accept_length, num, phase_fields, step_fields
@@ -307,7 +307,7 @@ class Aggregator:
             "differs_from_launcher": _list(a.get(ENV_DIFFERS)),
             "withheld": _list(a.get(ENV_WITHHELD)),
         }
-        for k in ("sgl_probe.dist_backend", "sgl_probe.snapshot_trigger"):
+        for k in (DIST_BACKEND, SNAPSHOT_TRIGGER):
             if k in a:
                 snap[k.split(".", 1)[1]] = a[k]
         self.env.setdefault(self.rank_of(span), []).append(snap)

@@ -147,10 +147,13 @@ def main(argv: list[str]) -> int:
     fd, server_pid = int(argv[1]), int(argv[2])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    from sgl_probe import export_log
+
+    formatter = logging.Formatter("[%(asctime)s sgl-probe pid " + str(server_pid) + " exporter] %(message)s")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        "[%(asctime)s sgl-probe pid " + str(server_pid) + " exporter] %(message)s"))
+    handler.setFormatter(formatter)
     log.addHandler(handler)
+    export_log.install(formatter)
     log.setLevel(logging.INFO)
     log.propagate = False
     if os.getppid() != server_pid:  # the server died before we got here

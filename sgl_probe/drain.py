@@ -2,15 +2,22 @@
 
 Runs on the drain thread of the process that recorded the step. Once a step is resolved it is
 plain data (:mod:`sgl_probe.resolved`) and can go to the summary, the metrics and, over a pipe,
-to the exporter process.
+to the exporter process. The drain thread keeps it as a *row*: a plain tuple in
+``ResolvedStep``'s field order, its phases plain tuples in ``ResolvedPhase``'s (``from_row``
+names them): this runs for every step inside the server process, where building and pickling
+the named forms cost several Python calls per step that plain tuples do in C.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 from typing import Any, Optional
 
 from sgl_probe.recorder import PhaseRecord, StepRecord
-from sgl_probe.resolved import ResolvedPhase, ResolvedStep
+from sgl_probe.resolved import ResolvedStep, from_row
+
+log = logging.getLogger("sgl_probe")
 
 #: How long a verify may wait for SGLang's accept-length sink, which may run a step later.
 ACCEPT_WAIT_NS = 2_000_000_000
@@ -36,35 +43,89 @@ def step_ready(st: StepRecord, timer: Any, now_ns: int) -> bool:
     return True
 
 
-def resolve_step(st: StepRecord, timer: Any) -> ResolvedStep:
-    """The step as plain data; its timers must have completed (:func:`step_ready`). The timer's
-    events are not released here (the caller does, whatever happens)."""
+def resolve_row(st: StepRecord, timer: Any) -> tuple:
+    """The step as a row (see the module doc); its timers must have completed
+    (:func:`step_ready`). The timer's events are not released here (the caller does, whatever
+    happens)."""
+    host = getattr(timer, "host_clock", False)
+    offset = timer.offset if host else 0
     interval = timer.interval
-    start_kind = getattr(timer, "start_kind", None)
+    start_kind = None if host else getattr(timer, "start_kind", None)
     lo = hi = None
     phases = []
     for ph in st.phases:
-        if ph.t_end is None:
+        t_end = ph.t_end
+        if t_end is None:
             continue
-        t0, t1 = interval(ph.t_start, ph.t_end)
+        if host:
+            t0 = ph.t_start + offset
+            t1 = t_end + offset
+        else:
+            t0, t1 = interval(ph.t_start, t_end)
         if lo is None or t0 < lo:
             lo = t0
         if hi is None or t1 > hi:
             hi = t1
-        graph = bool(ph.graph if ph.graph is not None else ph.graph_hook)  # graph_used, inline
-        phases.append(ResolvedPhase(
+        graph = ph.graph
+        graph = bool(graph if graph is not None else ph.graph_hook)  # graph_used, inline
+        error = ph.error
+        phases.append((
             ph.phase, t0, t1, graph, ph.mode, ph.batch_size, ph.num_tokens, (ph.host1 - ph.host0) / 1e6,
-            ph.target, ph.accept_length,
-            start_kind(ph.t_start) if start_kind is not None else None,
-            None if graph else getattr(ph, "no_graph_reason", None),
-            None if ph.error is None else error_text(ph.error)))
-    w0, w1 = timer.wall(st.host0), timer.wall(st.host1)
-    return ResolvedStep(
-        st.index, w0 if lo is None or w0 < lo else lo, w1 if hi is None or w1 > hi else hi,
-        st.mode, st.batch_size, st.num_tokens, (st.host1 - st.host0) / 1e6, timer.kind, tuple(phases),
-        error_text(st.error))
+            ph.target, ph.accept_length, start_kind(ph.t_start) if start_kind is not None else None,
+            None if graph else ph.no_graph_reason, None if error is None else error_text(error)))
+    if host:
+        w0, w1 = st.host0 + offset, st.host1 + offset
+    else:
+        w0, w1 = timer.wall(st.host0), timer.wall(st.host1)
+    error = st.error
+    return (st.index, w0 if lo is None or w0 < lo else lo, w1 if hi is None or w1 > hi else hi,
+            st.mode, st.batch_size, st.num_tokens, (st.host1 - st.host0) / 1e6, timer.kind, tuple(phases),
+            None if error is None else error_text(error))
+
+
+def resolve_step(st: StepRecord, timer: Any) -> ResolvedStep:
+    """:func:`resolve_row`, named."""
+    return from_row(resolve_row(st, timer))
 
 
 def release_step(st: StepRecord, timer: Any) -> None:
     for ph in st.phases:
         timer.release(ph.t_start, ph.t_end)
+
+
+def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list) -> int:
+    """Move up to ``limit`` steps off the front of ``steps`` into ``out`` as rows, stopping at
+    the first one not :func:`step_ready` (``final``: take them all). Every step taken has its
+    events released; one that cannot be resolved (an event that never completed, at shutdown)
+    is dropped with a debug line. Returns how many were taken.
+
+    :func:`step_ready` and :func:`release_step` inline, and nothing at all asked of a host-clock
+    timer (always ready, nothing to release): this is the drain thread's per-step loop."""
+    host = getattr(timer, "host_clock", False)
+    ready = timer.ready if timer is not None else None
+    wait_from = now_ns - ACCEPT_WAIT_NS
+    taken = 0
+    while steps and taken < limit:
+        st = steps[0]
+        if not final:
+            waiting = False
+            for ph in st.phases:
+                if not host and ph.t_end is not None and not ready(ph.t_start, ph.t_end):
+                    waiting = True
+                    break
+                if ph.phase == "verify" and ph.accept_length is None and ph.error is None \
+                        and st.host1 > wait_from:
+                    waiting = True
+                    break
+            if waiting:
+                break
+        steps.popleft()
+        taken += 1
+        try:
+            out.append(resolve_row(st, timer))
+        except Exception as exc:
+            log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
+        finally:
+            if not host:
+                release_step(st, timer)
+    return taken

@@ -13,13 +13,15 @@ import logging
 import os
 import threading
 import time
+from itertools import chain
+from operator import itemgetter
 from typing import Any, Optional
 
 from sgl_probe import metrics_setup, sinks
 from sgl_probe.contract import ENV_SPAN
-from sgl_probe.drain import release_step, resolve_step, step_ready
+from sgl_probe.drain import take_ready
 from sgl_probe.exporter_process import ProcessSink
-from sgl_probe.resolved import ResolvedStep
+from sgl_probe.resolved import PHASES, ResolvedStep, from_row
 from sgl_probe.sampling import StepSampling
 from sgl_probe.summary import Summary
 
@@ -50,8 +52,8 @@ class InProcessSink:
             self._resource_key = key
         return self._resource
 
-    def send_steps(self, steps: list[ResolvedStep], kept_slow: list[bool]) -> None:
-        self.spans.steps(steps, self.run_id, self.ident, self.spec, self._res(), kept_slow)
+    def send_steps(self, steps: list[tuple], kept_slow: list[bool]) -> None:
+        self.spans.steps([from_row(st) for st in steps], self.run_id, self.ident, self.spec, self._res(), kept_slow)
 
     def send_env(self, attrs: dict, when_ns: int, name: str) -> None:
         from sgl_probe.spans import build_env_span
@@ -149,9 +151,15 @@ class Pipeline:
 
     def observe(self, step: ResolvedStep) -> None:
         """Every resolved step passes here once, sampled or not (summary line, metrics)."""
-        self.summary.add(step.phases)
+        self.observe_rows((step,))
+
+    def observe_rows(self, rows) -> None:
+        """:meth:`observe` for steps as the drain resolves them (rows, see :mod:`sgl_probe.drain`).
+        The summary takes every phase of them at once: it has no per-step state."""
+        self.summary.add(chain.from_iterable(map(itemgetter(PHASES), rows)))
         if self.metrics is not None:
-            self.metrics.observe_step(step)
+            for row in rows:
+                self.metrics.observe_step(from_row(row))
 
     def drain(self, final: bool = False) -> int:
         """Resolve every step whose timers have completed; returns how many were resolved."""
@@ -162,36 +170,30 @@ class Pipeline:
             sink = self.sink
             sampling = self.sampling
             always = sampling.always
-            kept: list[ResolvedStep] = []
+            kept: list[tuple] = []
             kept_slow: list[bool] = []
             done = 0
             now = time.perf_counter_ns()
             while steps:
-                st = steps[0]
-                if not final and not step_ready(st, timer, now):
+                rows: list[tuple] = []
+                taken = take_ready(steps, timer, now, final, YIELD_EVERY, rows)
+                if not taken:
                     break
-                steps.popleft()
-                try:
-                    step = resolve_step(st, timer)
-                except Exception as exc:  # e.g. an event that never completed at shutdown
-                    log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
-                    continue
-                finally:
-                    release_step(st, timer)
-                done += 1
-                if not done % YIELD_EVERY:
+                done += len(rows)
+                if taken == YIELD_EVERY and steps:
                     time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_EVERY)
-                self.observe(step)
+                self.observe_rows(rows)
                 if sink is None:
                     continue
                 if always:
-                    kept.append(step)
-                    kept_slow.append(False)
+                    kept += rows
+                    kept_slow += [False] * len(rows)
                 else:
-                    keep, slow = sampling.keep(step)
-                    if keep:
-                        kept.append(step)
-                        kept_slow.append(slow)
+                    for row in rows:
+                        keep, slow = sampling.keep(from_row(row))
+                        if keep:
+                            kept.append(row)
+                            kept_slow.append(slow)
             if kept:
                 sink.send_steps(kept, kept_slow)
             elif sink is not None:

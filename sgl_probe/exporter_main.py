@@ -46,9 +46,11 @@ class Exporter:
     def handle(self, kind: str, payload: Any) -> bool:
         """False when told to stop."""
         from sgl_probe import spans as spans_mod, wire
+        from sgl_probe.resolved import from_row
 
         if kind == wire.STEPS:
-            steps, kept_slow = payload
+            steps = [from_row(row) for row in payload[0]]
+            kept_slow = payload[1]
             self.received += sum(1 + len(st.phases) for st in steps)
             if self.sink is not None:
                 run_id, ident, spec = self.meta[0], self.meta[1], self.meta[2]

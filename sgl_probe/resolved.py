@@ -42,3 +42,17 @@ class ResolvedStep(NamedTuple):
     timer: str                      # "cuda" | "cpu"
     phases: tuple                   # tuple[ResolvedPhase, ...]
     error: Optional[str] = None
+
+
+#: Where a step row keeps its phases (``ResolvedStep.phases``).
+PHASES = ResolvedStep._fields.index("phases")
+
+
+def from_row(row: tuple) -> ResolvedStep:
+    """A step as the drain thread resolves it and the link carries it (plain tuples in these
+    fields' order, its phases too: they pickle in C, where these classes would each cost a
+    Python call) back into the named form."""
+    if type(row) is ResolvedStep:
+        return row
+    phases = tuple(map(ResolvedPhase._make, row[PHASES]))
+    return ResolvedStep._make(row[:PHASES] + (phases,) + row[PHASES + 1:])

@@ -45,12 +45,17 @@ _CAPTURE_MODE_THREAD_LOCAL = 1
 
 
 class CpuTimer:
-    """SGLang's CPU engine runs the forward synchronously on the calling thread."""
+    """SGLang's CPU engine runs the forward synchronously on the calling thread.
+
+    ``host_clock``: tokens are host ``perf_counter_ns`` values, always ready, nothing to release,
+    mapped to the wall clock by adding ``offset``; the drain thread does that inline instead of
+    calling ``ready`` / ``interval`` / ``start_kind`` / ``release`` for every phase."""
 
     kind = "cpu"
+    host_clock = True
 
     def __init__(self) -> None:
-        self._offset = time.time_ns() - perf_counter_ns()
+        self._offset = self.offset = time.time_ns() - perf_counter_ns()
 
     def start(self, now_ns: int) -> Any:
         return now_ns
@@ -125,6 +130,7 @@ class CudaTimer:
     phases were released (``_claimed`` counts the second owner)."""
 
     kind = "cuda"
+    host_clock = False
     # Host and GPU clocks drift apart by up to ~10 ppm on the H200 hosts measured (gpu_clock.py):
     # 100 ms between anchors keeps that under 1 µs, for one extra event per 100 ms.
     _ANCHOR_EVERY_NS = 100_000_000

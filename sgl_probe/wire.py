@@ -12,9 +12,11 @@ import pickle
 import socket
 from typing import Any
 
+from sgl_probe.resolved import PHASES
+
 # server -> exporter
 META = "meta"      # (run_id, ident, spec, sglang_version, server pid, trace_dir)
-STEPS = "steps"    # (tuple of ResolvedStep, tuple of kept-because-slow flags)
+STEPS = "steps"    # (list of steps as rows: resolved.from_row, list of kept-because-slow flags)
 ENV = "env"        # (attributes, wall-clock ns, span name)
 FLUSH = "flush"    # token: export what you have, then answer FLUSHED
 STOP = "stop"      # flush and exit
@@ -49,7 +51,7 @@ def decode(data: bytes) -> tuple[str, Any]:
     return kind, payload
 
 
-#: Steps per message before the size check (a decode step with one phase pickles to ~300 bytes).
+#: Steps per message before the size check (a decode step with one phase pickles to ~100 bytes).
 CHUNK_STEPS = 128
 
 
@@ -65,7 +67,7 @@ def encode_steps(steps: list, kept_slow: list) -> list[tuple[bytes, int]]:
 def _encode_chunk(steps: list, kept_slow: list, out: list) -> None:
     data = encode(STEPS, (steps, kept_slow))
     if len(data) <= MAX_MESSAGE or len(steps) == 1:
-        out.append((data, sum(1 + len(st.phases) for st in steps)))
+        out.append((data, len(steps) + sum(len(st[PHASES]) for st in steps)))
         return
     half = len(steps) // 2
     _encode_chunk(steps[:half], kept_slow[:half], out)

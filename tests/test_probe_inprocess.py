@@ -389,7 +389,7 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
     built = []  # steps that leave this process (spans are built from them in the exporter process)
     real_send = probe.pipeline.sink.send_steps
     monkeypatch.setattr(probe.pipeline.sink, "send_steps",
-                        lambda steps, slow: built.extend(st.index for st in steps) or real_send(steps, slow))
+                        lambda steps, slow: built.extend(st[0] for st in steps) or real_send(steps, slow))  # rows: index first
     sched.worker.work_s = 0.0
     n = 40
     for _ in range(n):

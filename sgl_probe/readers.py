@@ -116,10 +116,22 @@ def _tokens_for(phase: Optional[str], batch: Any, bs: Optional[int], spec: dict)
     return bs
 
 
+#: ``_phase_for_mode``, remembered per mode name (a few dozen exist).
+_PHASE_OF: dict[Optional[str], Optional[str]] = {}
+_UNKNOWN = object()
+
+
+# ``step`` and ``forward`` run on every scheduler step: mode_name, batch_size, _phase_for_mode and
+# _tokens_for are inlined there for what SGLang passes (a ForwardMode member already seen, a
+# tensor of sequence lengths, a decode batch); anything else takes the functions themselves.
+
+
 def step(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     batch = args[0] if args else _first_batch(args, kwargs)
-    mode = mode_name(batch)
-    bs = batch_size(batch)
+    hit = _MODE_NAMES.get(id(getattr(batch, "forward_mode", None)))
+    mode = hit[1] if hit is not None else mode_name(batch)
+    shape = getattr(getattr(batch, "seq_lens", None), "shape", None)
+    bs = shape[0] if shape else batch_size(batch)
     tokens = extend_tokens(batch) if mode in EXTEND_MODES else bs
     return _facts(("step", mode, bs, tokens))
 
@@ -130,13 +142,19 @@ def forward(target, args: tuple, kwargs: dict, spec: dict) -> Facts:
     batch = args[0] if args else _first_batch(args, kwargs)
     if batch is None:
         batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
-    mode = mode_name(batch)
-    is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False) is True
-    phase = "verify" if is_verify else _phase_for_mode(mode)
-    if phase == "verify":
-        mode = "TARGET_VERIFY"
-    bs = batch_size(batch)
-    return _facts((phase, mode, bs, _tokens_for(phase, batch, bs, spec)))
+    hit = _MODE_NAMES.get(id(getattr(batch, "forward_mode", None)))
+    mode = hit[1] if hit is not None else mode_name(batch)
+    if kwargs.get("is_verify", args[3] if len(args) > 3 else False) is True:
+        phase, mode = "verify", "TARGET_VERIFY"
+    else:
+        phase = _PHASE_OF.get(mode, _UNKNOWN)
+        if phase is _UNKNOWN:
+            phase = _phase_for_mode(mode)
+            if len(_PHASE_OF) < 256:
+                _PHASE_OF[mode] = phase
+    shape = getattr(getattr(batch, "seq_lens", None), "shape", None)
+    bs = shape[0] if shape else batch_size(batch)
+    return _facts((phase, mode, bs, bs if phase == "decode" else _tokens_for(phase, batch, bs, spec)))
 
 
 def spec_call(target, args: tuple, kwargs: dict, spec: dict) -> Facts:

@@ -58,8 +58,28 @@ class StepRecord:
 
 
 class _ThreadState(threading.local):
-    step: Optional[StepRecord] = None
-    phase: Optional[PhaseRecord] = None
+    """``cur``: [open step, open phase] of this thread, one list so that a wrapped call reads the
+    thread-local once (each read of a ``threading.local`` attribute costs a dict look-up of the
+    thread's state) and works on the list after."""
+
+    def __init__(self) -> None:
+        self.cur: list = [None, None]
+
+    @property
+    def step(self) -> Optional[StepRecord]:
+        return self.cur[0]
+
+    @step.setter
+    def step(self, st: Optional[StepRecord]) -> None:
+        self.cur[0] = st
+
+    @property
+    def phase(self) -> Optional[PhaseRecord]:
+        return self.cur[1]
+
+    @phase.setter
+    def phase(self, ph: Optional[PhaseRecord]) -> None:
+        self.cur[1] = ph
 
 
 class Recorder:
@@ -82,8 +102,7 @@ class Recorder:
     def reset_after_fork(self) -> None:
         # In place: the wrapped methods hold these objects. The forking thread is the only one
         # left in the child, so clearing its slots clears the thread-local state.
-        self.tls.step = None
-        self.tls.phase = None
+        self.tls.cur[:] = [None, None]
         self.steps.clear()
         self.awaiting_accept.clear()
         self.timer = None
@@ -113,25 +132,26 @@ class Recorder:
         read = readers.ENTER[target.reader]
 
         def step(obj, *args, **kwargs):
-            if tls.step is not None or not hook.enabled:
+            cur = tls.cur
+            if cur[0] is not None or not hook.enabled:
                 return orig(obj, *args, **kwargs)
             try:
                 if rec.timer is None:
                     rec.ensure_timer()
-                rec.step_count += 1
-                st = StepRecord(rec.step_count, read(target, args, kwargs, spec), perf_counter_ns())
+                index = rec.step_count = rec.step_count + 1
+                st = StepRecord(index, read(target, args, kwargs, spec), perf_counter_ns())
             except Exception as exc:
                 hook.fail(exc)
                 return orig(obj, *args, **kwargs)
-            tls.step = st
+            cur[0] = st
             try:
-                return orig(obj, *args, **kwargs)
+                # Without keywords (how SGLang calls it) no dict is copied for the call.
+                return orig(obj, *args, **kwargs) if kwargs else orig(obj, *args)
             except BaseException as exc:
                 st.error = exc
                 raise
             finally:
-                tls.step = None
-                tls.phase = None
+                cur[0] = cur[1] = None
                 try:
                     st.host1 = perf_counter_ns()
                     # A step with nothing timed (e.g. an idle batch) is not worth a span.
@@ -152,13 +172,17 @@ class Recorder:
         name = target.name
         read = readers.ENTER[target.reader]
         leave = readers.LEAVE.get(target.reader)
+        # SGLang's result objects carry the flag as an attribute: read it here, the reader only
+        # when it is not there.
+        leave_attr = leave is readers.result_graph_attr
         why = no_graph.reason_for(target.runner)
 
         def phase(obj, *args, **kwargs):
-            st = tls.step
+            cur = tls.cur
+            st = cur[0]
             # Outside a scheduler step (startup warmup, graph capture) or nested inside another
             # phase (verify -> target forward): not a phase of its own.
-            if st is None or tls.phase is not None or not hook.enabled:
+            if st is None or cur[1] is not None or not hook.enabled:
                 return orig(obj, *args, **kwargs)
             ph = None
             try:
@@ -172,17 +196,17 @@ class Recorder:
                 hook.fail(exc)
             if ph is None:
                 return orig(obj, *args, **kwargs)
-            tls.phase = ph
+            cur[1] = ph
             try:
-                result = orig(obj, *args, **kwargs)
+                result = orig(obj, *args, **kwargs) if kwargs else orig(obj, *args)
             except BaseException as exc:
-                tls.phase = None
+                cur[1] = None
                 try:
                     rec.close_phase(st, ph, exc)
                 except Exception as inner:
                     hook.fail(inner)
                 raise
-            tls.phase = None
+            cur[1] = None
             try:
                 now = perf_counter_ns()
                 ph.t_end = rec.timer.stop(ph.t_start, now)
@@ -192,12 +216,15 @@ class Recorder:
                 # wins, else whether a graph-replay target ran. Only a graph-less phase pays for
                 # asking why.
                 if leave is not None:
-                    graph = ph.graph = leave(result)
+                    graph = getattr(result, "can_run_cuda_graph", None) if leave_attr else None
+                    if graph.__class__ is not bool:
+                        graph = leave(result)
+                    ph.graph = graph
                     if not graph and (graph is False or not ph.graph_hook):
-                        ph.no_graph_reason = why(obj, ph.mode, ph.batch_size)
+                        ph.no_graph_reason = why(obj, facts[1], facts[2])
                 elif not ph.graph_hook:
-                    ph.no_graph_reason = why(obj, ph.mode, ph.batch_size)
-                if ph.phase == "verify":
+                    ph.no_graph_reason = why(obj, facts[1], facts[2])
+                if facts[0] == "verify":
                     awaiting.append(ph)
             except Exception as exc:
                 hook.fail(exc)
@@ -218,10 +245,10 @@ class Recorder:
         tls = self.tls
 
         def graph(obj, *args, **kwargs):
-            ph = tls.phase
+            ph = tls.cur[1]
             if ph is not None:
                 ph.graph_hook = True
-            return orig(obj, *args, **kwargs)
+            return orig(obj, *args, **kwargs) if kwargs else orig(obj, *args)
 
         return graph
 

@@ -17,6 +17,15 @@ wait for it (so does a busy CPU: the exporter process competes for the machine's
                                      [--json FILE]
 
 ``--breakdown`` adds where the CPU goes per step, stage by stage (thread CPU time, same steps).
+
+``--compare REV`` measures this tree's probe against the probe of git revision ``REV`` (checked out
+into a temporary directory, run by that revision's own copy of this script), in one run: the
+designs ``off``, ``no_export`` and ``out_of_process`` of both, in an order rotated every repeat.
+It prints each one's probe share (its in-process CPU minus the ``off`` run of the same repeat,
+median and bootstrap 95 % interval over repeats) and the per-repeat ratio new / base; with
+``--breakdown``, both revisions' stages.
+
+    python3 benchmarks/export_cpu.py --compare HEAD~3 --steps 3000 --repeats 7 --breakdown
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 DESIGNS = ("off", "no_export", "in_process", "out_of_process")
 MODULE = "export_cpu_workload"
@@ -263,7 +273,7 @@ def _gil_hold(probe, sched, batch, steps: int) -> dict:
 
 # -- the driver ---------------------------------------------------------------------------------
 
-def _run_worker(design: str, args, receiver, trace_dir) -> dict:
+def _run_worker(design: str, args, receiver, trace_dir, script: str = __file__) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
     if design != "no_export":  # the probe measures and logs its summary line, and sends nothing
         env.update(receiver.env("grpc"))
@@ -271,7 +281,8 @@ def _run_worker(design: str, args, receiver, trace_dir) -> dict:
                 "SGL_PROBE_RUN_ID": "export-cpu-%s-%d" % (design, time.time_ns())})
     if trace_dir and design != "no_export":
         env["SGL_PROBE_TRACE_DIR"] = trace_dir
-    cmd = [sys.executable, __file__, "--worker", design, "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
+    env["PYTHONPATH"] = str(Path(script).resolve().parents[1])
+    cmd = [sys.executable, script, "--worker", design, "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError("%s run failed:\n%s" % (design, done.stderr[-3000:]))
@@ -292,6 +303,73 @@ def _run_worker(design: str, args, receiver, trace_dir) -> dict:
     return res
 
 
+def _breakdown(script: str, steps: int) -> dict:
+    """``breakdown`` as the tree of ``script`` defines it, in a fresh process."""
+    root, bench = Path(script).resolve().parents[1], Path(script).resolve().parent
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = [%r, %r]; import export_cpu, json; "
+                           "print(json.dumps(export_cpu.breakdown(%d)))" % (str(root), str(bench), steps)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(root)})
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _checkout(rev: str, into: str) -> str:
+    """This script as of ``rev``, with the probe of that revision beside it."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return str(Path(into) / "benchmarks" / "export_cpu.py")
+
+
+def compare(args) -> dict:
+    """This tree's probe vs revision ``args.compare``'s, designs interleaved (see the module doc)."""
+    from gpu_common import bootstrap_median_ci, rotation
+    from sgl_probe.testing.receiver import OTLPReceiver
+
+    variants = ("off", "no_export", "out_of_process", "no_export@base", "out_of_process@base")
+    runs: dict = {v: [] for v in variants}
+    with OTLPReceiver() as receiver, tempfile.TemporaryDirectory() as tmp:
+        base_script = _checkout(args.compare, tmp)
+        trace_dir = tempfile.mkdtemp(dir=tmp) if args.trace_dir else None
+        for r in range(args.repeats):
+            for v in rotation(variants, r):
+                design, _, base = v.partition("@")
+                runs[v].append(_run_worker(design, args, receiver, trace_dir, base_script if base else __file__))
+                receiver.clear()
+        breakdown = {"new": _breakdown(__file__, args.steps), "base": _breakdown(base_script, args.steps)} \
+            if args.breakdown else None
+
+    def cpu(v: str) -> list:
+        return [run["in_process_cpu_us_per_step"] for run in runs[v]]
+
+    def share(v: str) -> list:
+        return [a - b for a, b in zip(cpu(v), cpu("off"))]
+
+    def ci(vals: list) -> dict:
+        med, lo, hi = bootstrap_median_ci(vals)
+        return {"median": med, "ci95": [lo, hi]}
+
+    result: dict = {
+        "base": args.compare, "steps": args.steps, "repeats": args.repeats, "step_ms": args.step_ms,
+        "exports": "otlp-grpc" + (" + trace dir" if args.trace_dir else ""),
+        "loop_without_probe_cpu_us_per_step": ci(cpu("off")),
+        "in_process_cpu_us_per_step": {v: ci(cpu(v)) for v in variants if v != "off"},
+        "probe_cpu_us_per_step": {v: ci(share(v)) for v in variants if v != "off"},
+        "probe_cpu_ratio_new_vs_base": {
+            d: ci([a / b for a, b in zip(share(d), share(d + "@base"))]) for d in ("no_export", "out_of_process")},
+        "spans_sent_received_dropped": {v: [sum(run[k] for run in runs[v]) for k in ("sent", "spans_received", "dropped")]
+                                        for v in ("out_of_process", "out_of_process@base")},
+        "threads_cpu_us_per_step": {v: {name: statistics.median(run["threads_cpu_us_per_step"].get(name, 0.0)
+                                                                for run in runs[v])
+                                        for name in runs[v][0]["threads_cpu_us_per_step"]} for v in variants},
+        "runs": runs,
+    }
+    if breakdown is not None:
+        result["breakdown_cpu_us_per_step"] = breakdown
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3000)
@@ -299,11 +377,18 @@ def main() -> int:
     ap.add_argument("--step-ms", type=float, default=1.0, help="the blocking wait inside each step")
     ap.add_argument("--trace-dir", action="store_true", help="also write the trace dir (both designs)")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--compare", metavar="REV", help="also run the probe of git revision REV, interleaved")
     ap.add_argument("--json")
     ap.add_argument("--worker", choices=DESIGNS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.step_ms)))
+        return 0
+    if args.compare:
+        text = json.dumps(compare(args), indent=1)
+        print(text)
+        if args.json:
+            Path(args.json).write_text(text + "\n")
         return 0
     from sgl_probe.testing.receiver import OTLPReceiver
 
@@ -346,14 +431,7 @@ def main() -> int:
         "runs": runs,
     }
     if args.breakdown:
-        done = subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = [%r, %r]; import export_cpu, json; "
-                               "print(json.dumps(export_cpu.breakdown(%d)))"
-                               % (str(ROOT), str(Path(__file__).parent), args.steps)],
-                              capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(ROOT)})
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr[-3000:])
-        result["breakdown_cpu_us_per_step"] = json.loads(done.stdout.strip().splitlines()[-1])
+        result["breakdown_cpu_us_per_step"] = _breakdown(__file__, args.steps)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

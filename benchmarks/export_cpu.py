@@ -185,9 +185,10 @@ def breakdown(steps: int) -> dict:
     from google.protobuf import json_format
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from sgl_probe import config, spans as spans_mod, wire
+    from sgl_probe import config, export, spans as spans_mod, wire
     from sgl_probe.activate import Probe
-    from sgl_probe.drain import resolve_step
+    from sgl_probe.drain import take_ready
+    from sgl_probe.resolved import from_row
     from sgl_probe.sinks import make_resource
 
     os.environ.update({"SGL_PROBE_DRAIN_S": "100000", "SGL_PROBE_MAX_PENDING": str(steps + 10),
@@ -208,20 +209,21 @@ def breakdown(steps: int) -> dict:
         sched.run_batch(batch)
     wrapped = tt() - t0
     rec, pipe = probe.recorder, probe.pipeline
-    records = list(rec.steps)
-    rec.steps.clear()
     out = {"hot_path": (wrapped - bare)}
+    rows: list = []
     t0 = tt()
-    resolved = [resolve_step(st, rec.timer) for st in records]
+    while take_ready(rec.steps, rec.timer, time.perf_counter_ns(), False, export.YIELD_EVERY, rows):
+        pass  # what the drain thread does per step, in its chunks
     out["resolve"] = tt() - t0
     t0 = tt()
-    for step in resolved:
-        pipe.observe(step)
+    for i in range(0, len(rows), export.YIELD_EVERY):
+        pipe.observe_rows(rows[i:i + export.YIELD_EVERY])
     out["summary_and_observers"] = tt() - t0
     t0 = tt()
-    wire.encode_steps(resolved, [False] * len(resolved))
+    wire.encode_steps(rows, [False] * len(rows))
     out["pickle_for_the_link"] = tt() - t0
     res = make_resource({"tp_rank": 0}, "bench", None)
+    resolved = [from_row(row) for row in rows]  # what the exporter process does first
     t0 = tt()
     built = [s for step in resolved for s in spans_mod.build_step_spans(step, "bench", {"tp_rank": 0}, {}, res)]
     out["build_spans"] = tt() - t0

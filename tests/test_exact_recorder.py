@@ -436,6 +436,57 @@ def test_release_step_releases_each_phase_once():
     assert timer.released == [(("start", 1), ("end", 1)), (("start", 2), None)]
 
 
+
+def test_take_ready_resolves_in_order_and_releases_every_step_it_takes():
+    import collections
+
+    drain = _drain()
+    timer = TokenTimer()
+    a, b, c = (_step_with(timer, ("decode", True)) for _ in range(3))
+    timer.not_ready.add(b.phases[0].t_start)
+    steps, rows = collections.deque([a, b, c]), []
+    assert drain.take_ready(steps, timer, 1_000, False, 10, rows) == 1  # b is not done: c waits behind it
+    assert list(steps) == [b, c] and rows == [tuple(drain.resolve_step(a, timer))]
+    assert rows[0][8] == (("decode", 10, 15, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None),)
+    assert timer.released == [(a.phases[0].t_start, a.phases[0].t_end)]
+    assert drain.take_ready(steps, timer, 1_000, True, 1, rows) == 1 and list(steps) == [c]  # final; limit
+    assert len(rows) == 2 and len(timer.released) == 2
+
+    v = _step_with(timer, ("verify", True))
+    steps = collections.deque([v])
+    assert drain.take_ready(steps, timer, v.host1, False, 10, rows) == 0 and list(steps) == [v]
+    v.phases[0].accept_length = 2.0
+    assert drain.take_ready(steps, timer, v.host1, False, 10, rows) == 1 and rows[-1][8][0][9] == 2.0
+
+    broken = _step_with(timer, ("decode", True))
+    broken.phases[0].t_end = ("end", "not a number")  # resolving it raises: dropped, still released
+    released = len(timer.released)
+    assert drain.take_ready(collections.deque([broken]), timer, 1_000, False, 10, rows) == 1
+    assert len(rows) == 3 and len(timer.released) == released + 1
+
+
+def test_take_ready_asks_a_host_clock_timer_nothing():
+    import collections
+
+    from sgl_probe.timing import CpuTimer
+
+    drain = _drain()
+
+    class Host(CpuTimer):
+        def ready(self, *a):
+            raise AssertionError("asked")
+
+        release = interval = start_kind = ready
+
+    timer = Host()
+    st = _step_with(timer, ("decode", True), ("draft", False))
+    rows: list = []
+    assert drain.take_ready(collections.deque([st]), timer, 1_000, False, 10, rows) == 1
+    (row,) = rows
+    off = timer.offset
+    assert row[:8] == (1, off, 1_000 + off, "DECODE", 2, 2, 1e-3, "cpu") and row[9] is None
+    assert row[8] == (("decode", off, 1 + off, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None),)
+
 # -- readers: every spelling SGLang passes ---------------------------------------------------------
 
 @pytest.mark.parametrize("batch,want", [

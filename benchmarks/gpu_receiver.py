@@ -19,28 +19,46 @@ from sgl_probe.testing.receiver import OTLPReceiver  # noqa: E402
 
 
 class FileReceiver(OTLPReceiver):
+    """Writes what the receiver took in every half second and forgets it (``take``), so memory
+    stays flat however long the run."""
+
     def __init__(self, path: str) -> None:
         super().__init__()
         self._fh = open(path, "a", encoding="utf-8")
-        self._wlock = threading.Lock()
+        self._done = threading.Event()
         self.count = 0
+        self._writer = threading.Thread(target=self._write_loop, name="receiver-writer", daemon=True)
 
     def _keep_payload(self, body: bytes) -> None:
         pass  # no need to keep raw bytes for hours of spans
 
-    def _accept(self, spans) -> None:
-        lines = []
-        for s in spans:
-            lines.append(json.dumps({
-                "name": s.name, "trace_id": s.trace_id, "span_id": s.span_id,
-                "parent": s.parent_span_id, "start_ns": s.start_ns, "end_ns": s.end_ns,
-                "attributes": s.attributes, "pid": s.resource.get("process.pid"),
-                "service": s.resource.get("service.name"), "status": s.status_code,
-            }, separators=(",", ":")))
-        with self._wlock:
-            self._fh.write("\n".join(lines) + "\n")
-            self._fh.flush()
-            self.count += len(spans)
+    def start(self) -> "FileReceiver":
+        super().start()
+        self._writer.start()
+        return self
+
+    def _write_loop(self) -> None:
+        while not self._done.wait(0.5):
+            self.write_out()
+        self.write_out()
+
+    def write_out(self) -> None:
+        spans = self.take()
+        if not spans:
+            return
+        self._fh.write("".join(json.dumps({
+            "name": s.name, "trace_id": s.trace_id, "span_id": s.span_id,
+            "parent": s.parent_span_id, "start_ns": s.start_ns, "end_ns": s.end_ns,
+            "attributes": s.attributes, "pid": s.resource.get("process.pid"),
+            "service": s.resource.get("service.name"), "status": s.status_code,
+        }, separators=(",", ":")) + "\n" for s in spans))
+        self._fh.flush()
+        self.count += len(spans)
+
+    def stop(self) -> None:
+        super().stop()
+        self._done.set()
+        self._writer.join(30)
 
 
 def main() -> None:

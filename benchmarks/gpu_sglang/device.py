@@ -14,6 +14,8 @@ after installing what ``build.py`` carried. Suites:
   observability instead; launches alternate (all started together, then each measured alone
   while the others are stopped with SIGSTOP).
 - ``full``: ``correct`` and ``overhead`` with one shared startup.
+- ``seed_overhead``: output tok/s of the 32B-class config at batch 1 and 8, with and without the
+  probe (every step exported), ``--launches`` pairs of launches.
 
 Results: ``$OUT/gpu_sglang_<suite>.json`` plus logs. Environment: see ``run.sh``.
 """
@@ -40,11 +42,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 T0 = time.time()
+# Servers run on one fixed set of cores and the load generator and receiver on the rest, so that
+# launches measured one after another see the same CPUs (the between-launch spread was +-12 %).
+_CPUS = sorted(os.sched_getaffinity(0))
+SERVER_CPUS = set(_CPUS[:max(1, len(_CPUS) * 3 // 4)])
+CLIENT_CPUS = set(_CPUS) - SERVER_CPUS or set(_CPUS)
 DEADLINE = [float("inf")]  # seconds after T0 by which measuring stops (results still written)
 
 
-def late(margin: float = 0.0) -> bool:
-    return time.time() - T0 > DEADLINE[0] - margin
+def late() -> bool:
+    return time.time() - T0 > DEADLINE[0]
 
 
 def log(msg: str) -> None:
@@ -90,7 +97,8 @@ class Server:
         fh.write(" ".join(cmd) + "\n")
         fh.flush()
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=lambda: os.sched_setaffinity(0, SERVER_CPUS))
         self.t_start = time.time()
         return self
 
@@ -452,7 +460,7 @@ def throughput(srv: Server, conc: int, tokens: int, rounds: int, min_s: float = 
     return {"tok_s": rates, "gaps": gaps}
 
 
-def alternate(servers: list, conc: int, tokens: int, rounds: int) -> dict:
+def alternate(servers: list, conc: int, tokens: int, rounds: int, min_s: float = 12.0) -> dict:
     """Each server measured alone, in the given (alternating) order, the others stopped."""
     for s in servers:
         s.pause()
@@ -464,7 +472,7 @@ def alternate(servers: list, conc: int, tokens: int, rounds: int) -> dict:
         s.resume()
         time.sleep(1.0)
         try:
-            res[s.name] = throughput(s, conc, tokens, rounds)
+            res[s.name] = throughput(s, conc, tokens, rounds, min_s)
         except Exception as exc:
             res[s.name] = {"error": repr(exc)}
         s.pause()
@@ -526,21 +534,19 @@ def overhead_run(servers: list, ready: list, launches: int, received: str) -> di
     for i in range(launches):  # the configurations in turn, the order reversed every other launch
         group = [s for s in ready if s.name.endswith(f"_{i}")]
         order += group if i % 2 == 0 else group[::-1]
-    raw = alternate(order, conc=16, tokens=128, rounds=3)
+    raw = alternate(order, conc=16, tokens=128, rounds=3, min_s=10.0)
     configs = list(dict.fromkeys(s.name.rsplit("_", 1)[0] for s in servers))
     verdict = judge(raw, configs)
-    names: dict = {}
-    if os.path.exists(received):
-        with open(received) as fh:
-            for line in fh:
-                d = json.loads(line)
-                key = f"{d.get('service')}:{d['name']}"
-                names[key] = names.get(key, 0) + 1
-    verdict["received_spans"] = names
+    return {"raw": raw, "verdict": verdict}
+
+
+def count_exported(verdict: dict, servers: list, received: str) -> None:
+    """After the servers and the receiver stopped (the exporters flush on stop): decode spans
+    written to each trace dir, and what reached the receiver over OTLP."""
     verdict["decode_spans_in_trace_dirs"] = {
         s.name: sum(1 for x in analysis.read_spans(str(s.trace_dir)) if x["name"] == "sglang.decode")
         for s in servers if s.probe}
-    return {"raw": raw, "verdict": verdict}
+    verdict["received_spans"] = _received_names(received)
 
 
 def suite_full(carry: Path, out: Path, launches: int, correct: bool = True) -> dict:
@@ -551,28 +557,95 @@ def suite_full(carry: Path, out: Path, launches: int, correct: bool = True) -> d
     corr = correctness_servers(carry, out) if correct else {}
     over = overhead_servers(carry, out, launches, endpoint)
     res: dict = {}
+    every = [*corr.values(), *over]
     try:
-        for s in [*corr.values(), *over]:
+        # The first server compiles SGLang's JIT kernels into the shared cache; the rest reuse them.
+        first = every[0].start()
+        first_ok = first.wait_ready(360)
+        for s in every[1:]:
             s.start()
-        ready_all = {s.name: s.wait_ready(420) for s in [*corr.values(), *over]}
+        ready_all = {s.name: (first_ok if s is first else s.wait_ready(300)) for s in every}
         log(f"{sum(ready_all.values())}/{len(ready_all)} servers ready")
         for s in [*corr.values(), *over]:
             if ready_all[s.name]:
                 s.pause()
         if corr:
             result = correctness_run(corr, {n: ready_all[n] for n in corr}, out)
-            for s in corr.values():
-                s.stop()
+            concurrent(lambda s: s.stop(), list(corr.values()))
             res["correct"] = judge_correctness(corr, result, out)
         res["overhead"] = overhead_run(over, [s for s in over if ready_all[s.name]], launches, received)
     finally:
-        for s in [*corr.values(), *over]:
-            s.stop()
+        concurrent(lambda s: s.stop(), every)  # in parallel: a call's time is short
         rec.stdin.close()
         rec.wait(30)
-        if os.path.exists(received):
-            os.remove(received)
+    if "overhead" in res:
+        count_exported(res["overhead"]["verdict"], over, received)
     return res
+
+
+def suite_seed_overhead(carry: Path, out: Path, pairs: int) -> dict:
+    """The 32B-class config (GPU-bound, ~19 ms per decode step) with and without the probe, at
+    batch 1 and batch 8: ``pairs`` launches of each, a pair at a time (two fit one H200 with a
+    capped KV pool), each server measured alone while the other is stopped, the order swapped
+    every pair. The probe exports every step (OTLP/gRPC to a receiver process and a trace dir)."""
+    received = str(out / "received_seed.jsonl")
+    rec, endpoint = receiver(received)
+    big = carry / "models/seed32b"
+    # Both servers may measure free memory before either loads: a small slack, a capped pool.
+    args = base_args(big, mem=0.985, max_bs=8, level="warning", max_tokens=4096,
+                     extra=("--load-format", "dummy", "--context-length", "2048"))
+    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    raw: dict = {}
+    spans: dict = {}
+    try:
+        for i in range(pairs):
+            if late():
+                log(f"deadline: pairs {i}.. not run")
+                break
+            off = Server(f"seedoff_{i}", 30200 + 2 * i, args, probe=None, out=out)
+            on = Server(f"seedon_{i}", 30201 + 2 * i, args, probe=os.environ["GPU_BENCH_PROBE"], out=out, env=otlp)
+            try:
+                on.start(), off.start()
+                ok = {s.name: s.wait_ready(330) for s in (on, off)}
+                live = [s for s in ((off, on) if i % 2 == 0 else (on, off)) if ok[s.name]]
+                for s in live:
+                    s.pause()
+                for s in live:
+                    s.resume()
+                    time.sleep(1.0)
+                    for bs in (1, 8):
+                        key = f"{s.name.rsplit('_', 1)[0]}_bs{bs}_{i}"
+                        try:
+                            raw[key] = throughput(s, bs, 128, rounds=3, min_s=8.0)
+                        except Exception as exc:
+                            raw[key] = {"error": repr(exc)}
+                        log(f"{key}: {[round(x, 1) for x in raw[key].get('tok_s', [])]}")
+                    s.pause()
+            finally:
+                for s in (on, off):
+                    s.stop()
+            spans[on.name] = sum(1 for x in analysis.read_spans(str(on.trace_dir)) if x["name"] == "sglang.decode")
+    finally:
+        rec.stdin.close()
+        rec.wait(30)
+    verdict = {f"bs{bs}": judge({k: v for k, v in raw.items() if f"_bs{bs}_" in k}, [f"seedoff_bs{bs}", f"seedon_bs{bs}"])
+               for bs in (1, 8)}
+    verdict["decode_spans_in_trace_dirs"] = spans
+    verdict["received_spans"] = _received_names(received)
+    return {"raw": raw, "verdict": verdict}
+
+
+def _received_names(path: str) -> dict:
+    names: dict = {}
+    if os.path.exists(path):
+        with open(path) as fh:
+            for line in fh:
+                d = json.loads(line)
+                key = f"{d.get('service')}:{d['name']}"
+                names[key] = names.get(key, 0) + 1
+        os.remove(path)
+    return names
 
 
 def pack(out: Path, suite: str) -> None:
@@ -592,7 +665,7 @@ def pack(out: Path, suite: str) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead", "full"])
+    ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead", "full", "seed_overhead"])
     ap.add_argument("--carry", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--launches", type=int, default=5)
@@ -601,6 +674,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="stop measuring after this many seconds, keeping what was measured")
     args = ap.parse_args(argv)
     DEADLINE[0] = args.deadline_s
+    os.sched_setaffinity(0, CLIENT_CPUS)  # the load generator; servers and their children get SERVER_CPUS
     args.out.mkdir(parents=True, exist_ok=True)
     for suite in args.suites:
         log(f"suite {suite}")
@@ -610,6 +684,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res = suite_correct(args.carry, args.out)
             elif suite == "seed":
                 res = suite_seed(args.carry, args.out)
+            elif suite == "seed_overhead":
+                res = suite_seed_overhead(args.carry, args.out, args.launches)
             elif suite == "overhead":
                 res = suite_full(args.carry, args.out, args.launches, correct=False)
             else:

@@ -31,6 +31,8 @@ def summarize(run: str, dirs: list[str]) -> dict:
             data = json.loads(Path(path).read_text())
             if "correct" in data or "overhead" in data:  # the "full" suite nests both
                 suites.update({k: v for k, v in data.items() if k in ("correct", "overhead")})
+            elif Path(path).stem.endswith("_seed_overhead"):
+                suites["seed_overhead"] = data
             else:
                 suites[Path(path).stem.rsplit("_", 1)[1]] = data
         m = Path(d, "machine.txt")
@@ -50,6 +52,8 @@ def summarize(run: str, dirs: list[str]) -> dict:
         out["accept_length_agreement"] = _agreement([acc]) if acc else None
         out["counts_equal_sglang_counters"] = {n: (c[n].get("counts") or {}).get("all_equal") for n in ("plain_on", "eagle_on") if n in c}
         out["profiler_ratio"] = {n: (c[n].get("profiler") or {}).get("by_phase") for n in ("plain_on", "eagle_on", "plain_nograph") if n in c}
+        out["profiler_ratio_graph_launch"] = {n: (c[n].get("profiler") or {}).get("graph_phases")
+                                              for n in ("plain_on", "eagle_on") if n in c}
         names = ("plain_on", "eagle_on", "plain_nograph")
         out["no_graph_reasons"] = {n: c[n].get("no_graph_reasons") for n in names if n in c}
         out["start_kinds"] = {n: c[n].get("start_kinds") for n in names if n in c}
@@ -77,6 +81,16 @@ def summarize(run: str, dirs: list[str]) -> dict:
                            for k in v if isinstance(v[k], dict) and "median_ratio" in v[k]}
         out["overhead"]["tok_s_per_launch"] = v.get("tok_s_per_launch")
         out["overhead"]["received_spans"] = v.get("received_spans")
+        out["overhead"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
+    so = suites.get("seed_overhead")
+    if so:
+        v = so.get("verdict", {})
+        out["overhead_seed32b"] = {
+            bs: {k: {kk: r[k].get(kk) for kk in ("median_ratio", "ci95", "slowdown_off_over_on", "p99_step_ratio", "launches")}
+                 for k in r if isinstance(r[k], dict) and "median_ratio" in r[k]} | {"tok_s_per_launch": r.get("tok_s_per_launch")}
+            for bs, r in v.items() if bs.startswith("bs")}
+        out["overhead_seed32b"]["received_spans"] = v.get("received_spans")
+        out["overhead_seed32b"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
     return out
 
 

@@ -38,9 +38,6 @@ TARGET = "sgl_probe.target"
 #: ``host_clock`` (the stream was idle at the call, so the interval includes the launch latency).
 START = "sgl_probe.start"
 START_VALUES = ("gpu_event", "host_clock")
-#: Graph phases: milliseconds from the graph's launch (or the phase's GPU start, if later) to the
-#: phase's end, i.e. the device time without the host work SGLang does before the replay.
-GRAPH_MS = "sgl_probe.graph_ms"
 PHASE = "sglang.phase"
 STEP_INDEX = "sglang.step_index"
 CUDA_GRAPH = "sglang.cuda_graph"

@@ -69,15 +69,10 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
         graph = ph.graph
         graph = bool(graph if graph is not None else ph.graph_hook)  # graph_used, inline
         error = ph.error
-        graph_ms = None
-        if graph and ph.graph_host is not None:
-            # The graph cannot start before its launch nor before the phase's own GPU start.
-            g0 = ph.graph_host + offset if host else timer.wall(ph.graph_host)
-            graph_ms = (t1 - (g0 if g0 > t0 else t0)) / 1e6 if g0 < t1 else 0.0
         phases.append((
             ph.phase, t0, t1, graph, ph.mode, ph.batch_size, ph.num_tokens, (ph.host1 - ph.host0) / 1e6,
             ph.target, ph.accept_length, start_kind(ph.t_start) if start_kind is not None else None,
-            None if graph else ph.no_graph_reason, None if error is None else error_text(error), graph_ms))
+            None if graph else ph.no_graph_reason, None if error is None else error_text(error)))
     if host:
         w0, w1 = st.host0 + offset, st.host1 + offset
     else:

@@ -29,7 +29,7 @@ perf_counter_ns = time.perf_counter_ns
 
 class PhaseRecord:
     __slots__ = ("phase", "mode", "batch_size", "num_tokens", "host0", "host1", "t_start", "t_end",
-                 "graph", "graph_hook", "graph_host", "no_graph_reason", "error", "accept_length", "target")
+                 "graph", "graph_hook", "no_graph_reason", "error", "accept_length", "target")
 
     def __init__(self, facts: readers.Facts, target: str, host0: int, t_start: Any) -> None:
         self.phase, self.mode, self.batch_size, self.num_tokens = facts
@@ -40,7 +40,6 @@ class PhaseRecord:
         self.t_end = None
         self.graph: Optional[bool] = None  # from the call's result, when SGLang reports it
         self.graph_hook = False  # a graph-replay target ran inside this call
-        self.graph_host: Optional[int] = None  # host clock at the first graph replay of this call
         self.no_graph_reason: Optional[str] = None  # contract.NO_GRAPH_REASONS, when no graph ran
         self.error: Optional[BaseException] = None
         self.accept_length: Optional[float] = None
@@ -242,19 +241,13 @@ class Recorder:
         st.phases.append(ph)
 
     def graph_method(self, hook, orig: Callable) -> Callable:
-        """A graph replay: marks the open phase as having run a captured graph, and takes the host
-        clock at its launch. SGLang spends 0.1-0.3 ms of host work (input copies, attention
-        metadata, ``can_run``) between the phase's call and the replay while the GPU waits; the
-        drain starts the graph's device time at this launch (or at the phase's GPU start, if
-        later), a clock read instead of another event record."""
+        """A graph replay: marks the open phase as having run a captured graph."""
         tls = self.tls
 
         def graph(obj, *args, **kwargs):
             ph = tls.cur[1]
             if ph is not None:
                 ph.graph_hook = True
-                if ph.graph_host is None:
-                    ph.graph_host = perf_counter_ns()
             return orig(obj, *args, **kwargs) if kwargs else orig(obj, *args)
 
         return graph

@@ -25,7 +25,6 @@ class ResolvedPhase(NamedTuple):
     start_kind: Optional[str] = None        # contract.START_VALUES, None for the cpu timer
     no_graph_reason: Optional[str] = None   # contract.NO_GRAPH_REASONS, only when graph is False
     error: Optional[str] = None             # "ExceptionType: message" when the call raised
-    graph_ms: Optional[float] = None        # graph phases: from the graph's launch to the end
 
     @property
     def duration_ms(self) -> float:

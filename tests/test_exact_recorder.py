@@ -294,50 +294,6 @@ def test_replay_outside_a_phase_marks_nothing():
     assert ph.graph_hook is False and ph.graph is None
 
 
-def test_first_replay_of_a_phase_takes_the_graph_launch_clock(monkeypatch):
-    from sgl_probe import recorder
-
-    clock = iter(range(100, 10_000, 100))
-    monkeypatch.setattr(recorder, "perf_counter_ns", lambda: next(clock))
-    rig = Rig()
-    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0])
-
-    def twice(worker, batch):
-        rig.replay(None)
-        rig.replay(None)  # a second replay in the same call (e.g. draft steps) keeps the first
-        return NS()
-
-    fwd = rig.rec.phase_method(rig.hooks["forward"], twice)
-    rig.step(None, b, lambda: fwd(None, b))
-    ph = rig.rec.steps[-1].phases[-1]
-    # clock reads: step entry 100, phase entry 200, first replay 300, phase exit 400, step exit 500
-    assert (ph.host0, ph.graph_host, ph.host1) == (200, 300, 400)
-    assert rig.decode_step(2, result=NS()).graph_host is None  # no replay: no graph launch
-
-
-@pytest.mark.parametrize("graph,graph_host,want", [
-    (True, 13, 35 - 13),    # launched after the phase's GPU start (10): device time from the launch
-    (True, 4, 35 - 10),     # launched before the GPU reached the phase: from the phase's start
-    (True, 40, 0.0),        # a launch clock past the end (clock skew): never negative
-    (False, 13, None),      # SGLang said no graph: no graph time, whatever the replay hook saw
-    (True, None, None),     # SGLang's flag without a replay seen: nothing to start from
-])
-def test_graph_ms_starts_at_the_later_of_launch_and_phase_start(graph, graph_host, want):
-    drain = _drain()
-
-    class Timer(TokenTimer):
-        def interval(self, start, end):
-            return 10, 35
-
-    timer = Timer()
-    st = _step_with(timer, ("decode", True))
-    ph = st.phases[0]
-    ph.graph, ph.graph_hook, ph.graph_host = graph, graph_host is not None, graph_host
-    got = drain.resolve_step(st, timer).phases[0]
-    assert got.graph_ms == (None if want is None else want / 1e6)
-    assert got.duration_ms == 25 / 1e6  # the phase's own interval is unchanged
-
-
 # -- the timer's tokens: what is stopped, checked and released ---------------------------------------
 
 class TokenTimer:
@@ -491,7 +447,7 @@ def test_take_ready_resolves_in_order_and_releases_every_step_it_takes():
     steps, rows = collections.deque([a, b, c]), []
     assert drain.take_ready(steps, timer, 1_000, False, 10, rows) == 1  # b is not done: c waits behind it
     assert list(steps) == [b, c] and rows == [tuple(drain.resolve_step(a, timer))]
-    assert rows[0][8] == (("decode", 10, 15, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None, None),)
+    assert rows[0][8] == (("decode", 10, 15, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None),)
     assert timer.released == [(a.phases[0].t_start, a.phases[0].t_end)]
     assert drain.take_ready(steps, timer, 1_000, True, 1, rows) == 1 and list(steps) == [c]  # final; limit
     assert len(rows) == 2 and len(timer.released) == 2
@@ -529,7 +485,7 @@ def test_take_ready_asks_a_host_clock_timer_nothing():
     (row,) = rows
     off = timer.offset
     assert row[:8] == (1, off, 1_000 + off, "DECODE", 2, 2, 1e-3, "cpu") and row[9] is None
-    assert row[8] == (("decode", off, 1 + off, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None, None),)
+    assert row[8] == (("decode", off, 1 + off, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None),)
 
 # -- readers: every spelling SGLang passes ---------------------------------------------------------
 

@@ -233,31 +233,6 @@ def profiler_ratio(spans: list[dict], kernels: list[tuple[int, int]],
             "ratio_of_sums": sum(p for p, _ in v) / max(1, sum(k for _, k in v)),
             "median_ratio": statistics.median(p / k for p, k in v if k > 0) if any(k for _, k in v) else None}
     out["ratio_of_sums"] = all_probe / all_kern if all_kern else None
-    out["graph_phases"] = graph_ratio(ph, starts, kernels, best)
-    return out
-
-
-def graph_ratio(spans: list[dict], starts: list[int], kernels: list[tuple[int, int]], offset: int) -> dict:
-    """Graph phases' ``sgl_probe.graph_ms`` (from the graph's launch to the phase's end) against
-    the envelope of the kernels in that window. A start taken too early shows as a ratio above 1;
-    one taken too late would push kernels before it: their busy time between the phase's start
-    and the graph's is reported beside it (``pre_launch_busy_ms``: the input copies SGLang
-    issues before the replay belong there, graph kernels do not)."""
-    sub = [dict(s, start=s["end"] - int(s["attrs"]["sgl_probe.graph_ms"] * 1e6), whole=s) for s in spans
-           if isinstance(s["attrs"].get("sgl_probe.graph_ms"), (int, float))]
-    groups: dict = {}
-    for s, k0, k1, _n in _assign(sub, starts, kernels, offset):
-        busy = sum(min(b, s["start"]) - a for a, b in ((a + offset, b + offset) for a, b in kernels[
-            bisect.bisect_left(starts, s["whole"]["start"] - offset):bisect.bisect_left(starts, s["start"] - offset)])
-            if a < s["start"])
-        groups.setdefault(s["name"][len("sglang."):], []).append((s["end"] - s["start"], k1 - k0, busy))
-    out = {}
-    for phase, v in sorted(groups.items()):
-        out[phase] = {"n": len(v), "graph_p50_ms": statistics.median(p for p, _, _ in v) / 1e6,
-                      "kernel_envelope_p50_ms": statistics.median(k for _, k, _ in v) / 1e6,
-                      "ratio_of_sums": sum(p for p, _, _ in v) / max(1, sum(k for _, k, _ in v)),
-                      "median_ratio": statistics.median(p / k for p, k, _ in v if k > 0) if any(k for _, k, _ in v) else None,
-                      "pre_launch_busy_p50_ms": statistics.median(b for _, _, b in v) / 1e6}
     return out
 
 

@@ -42,11 +42,14 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 T0 = time.time()
-# Servers run on one fixed set of cores and the load generator and receiver on the rest, so that
-# launches measured one after another see the same CPUs (the between-launch spread was +-12 %).
+# Servers run on one fixed set of cores, the load generator and the OTLP receiver each on cores of
+# their own: launches measured one after another see the same CPUs, and a receiver busy decoding
+# one configuration's spans cannot slow the client measuring it.
 _CPUS = sorted(os.sched_getaffinity(0))
-SERVER_CPUS = set(_CPUS[:max(1, len(_CPUS) * 3 // 4)])
-CLIENT_CPUS = set(_CPUS) - SERVER_CPUS or set(_CPUS)
+_N = len(_CPUS)
+SERVER_CPUS = set(_CPUS[:max(1, _N * 5 // 8)])
+CLIENT_CPUS = set(_CPUS[_N * 5 // 8:_N * 13 // 16]) or set(_CPUS)
+RECEIVER_CPUS = set(_CPUS[_N * 13 // 16:]) or set(_CPUS)
 DEADLINE = [float("inf")]  # seconds after T0 by which measuring stops (results still written)
 
 
@@ -500,7 +503,8 @@ def receiver(path: str) -> tuple[subprocess.Popen, str]:
     writing what it receives to ``path``; returns it and its ``host:port``."""
     env = dict(os.environ, PYTHONPATH=f"{os.environ['GPU_BENCH_PROBE']}:{os.environ['GPU_BENCH_SITE']}", SGL_PROBE="0")
     proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/gpu_receiver.py"), path], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, RECEIVER_CPUS))
     endpoint = proc.stdout.readline().strip()
     return proc, endpoint.replace("http://", "")
 

@@ -23,6 +23,20 @@ def _agreement(parts: list) -> dict:
     return {"agree": agree, "total": total, "ratio": agree / total if total else None}
 
 
+def _probe_names(received: dict | None) -> dict | None:
+    """The probe's span names as received; SGLang's own tracing names a span per request
+    (``Req <id>``) and per process, which are summed per service."""
+    if not received:
+        return received
+    out: dict = {}
+    for key, n in received.items():
+        service, _, name = key.partition(":")
+        if not name.startswith(("sglang.", "sgl_probe.")):
+            name = "(SGLang's own spans)"
+        out[f"{service}:{name}"] = out.get(f"{service}:{name}", 0) + n
+    return out
+
+
 def summarize(run: str, dirs: list[str]) -> dict:
     suites: dict = {}
     machine = ""
@@ -52,8 +66,6 @@ def summarize(run: str, dirs: list[str]) -> dict:
         out["accept_length_agreement"] = _agreement([acc]) if acc else None
         out["counts_equal_sglang_counters"] = {n: (c[n].get("counts") or {}).get("all_equal") for n in ("plain_on", "eagle_on") if n in c}
         out["profiler_ratio"] = {n: (c[n].get("profiler") or {}).get("by_phase") for n in ("plain_on", "eagle_on", "plain_nograph") if n in c}
-        out["profiler_ratio_graph_launch"] = {n: (c[n].get("profiler") or {}).get("graph_phases")
-                                              for n in ("plain_on", "eagle_on") if n in c}
         names = ("plain_on", "eagle_on", "plain_nograph")
         out["no_graph_reasons"] = {n: c[n].get("no_graph_reasons") for n in names if n in c}
         out["start_kinds"] = {n: c[n].get("start_kinds") for n in names if n in c}
@@ -80,7 +92,7 @@ def summarize(run: str, dirs: list[str]) -> dict:
         out["overhead"] = {k: {kk: v[k].get(kk) for kk in ("median_ratio", "ci95", "slowdown_off_over_on", "p99_step_ratio", "launches")}
                            for k in v if isinstance(v[k], dict) and "median_ratio" in v[k]}
         out["overhead"]["tok_s_per_launch"] = v.get("tok_s_per_launch")
-        out["overhead"]["received_spans"] = v.get("received_spans")
+        out["overhead"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
     so = suites.get("seed_overhead")
     if so:
@@ -89,7 +101,7 @@ def summarize(run: str, dirs: list[str]) -> dict:
             bs: {k: {kk: r[k].get(kk) for kk in ("median_ratio", "ci95", "slowdown_off_over_on", "p99_step_ratio", "launches")}
                  for k in r if isinstance(r[k], dict) and "median_ratio" in r[k]} | {"tok_s_per_launch": r.get("tok_s_per_launch")}
             for bs, r in v.items() if bs.startswith("bs")}
-        out["overhead_seed32b"]["received_spans"] = v.get("received_spans")
+        out["overhead_seed32b"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead_seed32b"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
     return out
 

@@ -13,6 +13,11 @@ Two server processes started side by side can differ by several percent for reas
 (measured up to ~9 % between identical code paths), which one launch's interval does not show;
 ``--launches N`` restarts the pair N times, alternating which starts first, and bootstraps over
 launches.
+
+``--in-process`` measures inside one server instead: the probe exports every step (to a trace dir,
+through the exporter process) and is paused and resumed in alternating load blocks of the same
+scheduler (``benchmarks/probe_pause/``, benchmark-only), so no launch-to-launch spread enters the
+ratio (recording / paused); ``--aa`` then flips a server without the probe, the method's control.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from tests.harness.server import SGLangServer  # noqa: E402
 from tests.harness.venv import HARNESS_DIR, ensure_venv  # noqa: E402
 from gpu_common import bootstrap_median_ci  # noqa: E402  (stdlib only)
 from tests.harness.wheel import build_wheel, install_wheel  # noqa: E402
+from probe_pause.control import HERE as PAUSE_DIR, scheduler_pids, set_recording  # noqa: E402
 
 PROMPTS = ["hello world the quick", "once upon a time there", "brown fox jumps over lazy",
            "speculative decoding scheduler", "tensor parallel request", "the tiny random model said",
@@ -50,6 +56,42 @@ def block(server: SGLangServer, other: SGLangServer, new_tokens: int) -> float:
     out = server.generate_many(PROMPTS, new_tokens)
     wall = time.perf_counter() - t0
     return sum(r["meta_info"]["completion_tokens"] for r in out) / wall
+
+
+def rate(server: SGLangServer, new_tokens: int) -> float:
+    t0 = time.perf_counter()
+    out = server.generate_many(PROMPTS, new_tokens)
+    return sum(r["meta_info"]["completion_tokens"] for r in out) / (time.perf_counter() - t0)
+
+
+def in_process(venv, model, aa: bool, pairs: int, tokens: int, export: bool = True) -> tuple[list, list, list, dict]:
+    """One server, the probe recording and paused in alternating blocks (ABBA order)."""
+    import tempfile
+
+    states, traces = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+    env = {"SGL_PROBE": "0" if aa else "1", "PYTHONPATH": str(PAUSE_DIR), "SGL_BENCH_PAUSE_DIR": str(states)}
+    if export:
+        env["SGL_PROBE_TRACE_DIR"] = str(traces)
+    srv = SGLangServer(venv, model, env=env, extra_args=("--dtype", "float32", "--disable-radix-cache"))
+    with srv:
+        pids = scheduler_pids(srv.proc.pid)
+        if not pids:
+            raise RuntimeError("no sglang::scheduler process found")
+        for _ in range(2):
+            rate(srv, tokens)
+        ratios, on, off = [], [], []
+        for i in range(pairs):
+            got = {}
+            for recording in ((True, False) if i % 2 == 0 else (False, True)):
+                set_recording(pids, recording, states)
+                time.sleep(0.3)  # the drain and exporter catch up with the previous block
+                got[recording] = rate(srv, tokens)
+            on.append(got[True])
+            off.append(got[False])
+            ratios.append(got[True] / got[False])
+        set_recording(pids, True, states)
+    return ratios, on, off, {"schedulers": len(pids), "export": "trace_dir" if export else "none (summary line)",
+                             "trace_bytes": sum(f.stat().st_size for f in traces.glob("*.jsonl"))}
 
 
 def one_launch(venv, model, aa: bool, pairs: int, tokens: int, probe_first: bool) -> tuple[list, list, list]:
@@ -88,10 +130,28 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--aa", action="store_true",
                     help="A/A control: both servers without the probe, to see the method's own bias")
+    ap.add_argument("--in-process", action="store_true",
+                    help="one server, the probe recording / paused in alternating blocks (see above)")
+    ap.add_argument("--no-export", action="store_true",
+                    help="with --in-process: no trace dir, the summary line only")
     args = ap.parse_args()
     venv = ensure_venv("0.5.23")
     install_wheel(venv, build_wheel(HARNESS_DIR / "bench-wheel"))
     model = ensure_tiny_model(venv)
+    if args.in_process:
+        ratios, tps_on, tps_off, extra = in_process(venv, model, args.aa, args.pairs, args.tokens,
+                                                   export=not args.no_export)
+        med, lo, hi = bootstrap_median_ci(ratios)
+        out = {"mode": "in_process", "pairs": args.pairs, "tokens_per_request": args.tokens,
+               "requests_per_block": len(PROMPTS), "tps_recording_median": statistics.median(tps_on),
+               "tps_paused_median": statistics.median(tps_off), "ratio_median": med, "ratio_ci95": [lo, hi],
+               "ratios": ratios, "aa_control": args.aa, "sglang": "0.5.23", "tp": 1,
+               "date": time.strftime("%Y-%m-%d"), **extra}
+        print(f"tokens/s recording {out['tps_recording_median']:.0f}, paused {out['tps_paused_median']:.0f}; "
+              f"paired ratio {med:.4f} (95% CI {lo:.4f}-{hi:.4f}; target >= 0.99)")
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1))
+        return 0
     ratios, tps_on, tps_off, per_launch = [], [], [], []
     for k in range(args.launches):
         r, a, b = one_launch(venv, model, args.aa, args.pairs, args.tokens, probe_first=k % 2 == 0)

@@ -165,3 +165,18 @@ def test_bootstrap_ratio_and_steady_state():
     assert r["ci95"][0] <= 0.9 <= r["ci95"][1] and r["ci95"][1] < 1.0
     first_uses = [_span("sglang.decode", i, True, i * 10, i * 10 + (5000 if i < 2 else 1)) for i in range(10)]
     assert analysis.phase_p50(first_uses, "decode") == pytest.approx(1 / 1e6)
+
+
+def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang"))
+    import device
+
+    windows = {"ab_probe_0": {"recording": [99.0, 98.0, 97.0], "paused": [100.0, 100.0, 100.0]},
+               "ab_probe_1": {"recording": [50.0], "paused": [50.0]},
+               "broken": {"error": "no sglang::scheduler process"}}
+    v = device.ab_judge(windows)
+    assert v["per_server"]["ab_probe_0"]["median_ratio"] == pytest.approx(0.98)
+    assert v["per_server"]["ab_probe_1"]["median_ratio"] == pytest.approx(1.0)
+    assert "broken" not in v["per_server"]
+    assert v["all_pairs"]["pairs"] == 4 and v["all_pairs"]["median_ratio"] == pytest.approx((0.98 + 0.99) / 2)
+    assert device.ab_judge({}) == {"per_server": {}}

@@ -14,6 +14,8 @@ after installing what ``build.py`` carried. Suites:
   observability instead; launches alternate (all started together, then each measured alone
   while the others are stopped with SIGSTOP).
 - ``full``: ``correct`` and ``overhead`` with one shared startup.
+- ``overhead_ab``: the tiny Llama at 16 concurrent requests with the probe recording vs paused
+  in alternating windows of the same server (``benchmarks/probe_pause/``), plus an A/A control.
 - ``seed_overhead``: output tok/s of the 32B-class config at batch 1 and 8, with and without the
   probe (every step exported), ``--launches`` pairs of launches.
 
@@ -36,7 +38,9 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import analysis  # noqa: E402
+from probe_pause import control as pause  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -65,8 +69,9 @@ class Server:
     """One ``sglang.launch_server`` in its own process group."""
 
     def __init__(self, name: str, port: int, args: list[str], *, probe: Optional[str], out: Path,
-                 env: Optional[dict] = None) -> None:
-        """``probe``: the folder an sgl-probe wheel was installed to (None: no probe at all)."""
+                 env: Optional[dict] = None, pausable: bool = False) -> None:
+        """``probe``: the folder an sgl-probe wheel was installed to (None: no probe at all).
+        ``pausable``: the benchmark-only pause switch (benchmarks/probe_pause/) on the path."""
         self.name, self.port, self.args, self.probe = name, port, args, probe
         self.out = out
         self.trace_dir = Path("/tmp/traces") / name
@@ -80,11 +85,17 @@ class Server:
             # older builds kept it inside the package.
             startup = next((d for d in (Path(probe) / "_sgl_probe_startup", Path(probe) / "sgl_probe" / "_startup")
                             if (d / "sitecustomize.py").is_file()), Path(REPO) / "sitecustomize")
-            self.env.update(PYTHONPATH=f"{startup}:{probe}:{site}",
+            shim = f"{pause.HERE}:" if pausable else ""
+            self.env.update(PYTHONPATH=f"{startup}:{shim}{probe}:{site}",
                             SGL_PROBE="1", SGL_PROBE_TRACE_DIR=str(self.trace_dir), SGL_PROBE_SUMMARY_S="5")
         else:
-            self.env.update(PYTHONPATH=site)
+            self.env.update(PYTHONPATH=f"{pause.HERE}:{site}" if pausable else site)
             self.env.pop("SGL_PROBE_TRACE_DIR", None)
+        self.pause_dir = Path("/tmp/pause") / name
+        if pausable:
+            shutil.rmtree(self.pause_dir, ignore_errors=True)
+            self.pause_dir.mkdir(parents=True)
+            self.env["SGL_BENCH_PAUSE_DIR"] = str(self.pause_dir)
         self.env.update(env or {})
         self.proc: Optional[subprocess.Popen] = None
         self.stopped = False
@@ -587,6 +598,83 @@ def suite_full(carry: Path, out: Path, launches: int, correct: bool = True) -> d
     return res
 
 
+def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float) -> dict:
+    """One server, the probe recording and paused in alternating windows (ABBA), each window
+    ``window_s`` of ``conc`` concurrent requests; adjacent windows form a pair."""
+    pids = pause.scheduler_pids(srv.proc.pid)
+    if not pids:
+        return {"error": "no sglang::scheduler process"}
+    throughput(srv, conc, tokens, rounds=1, min_s=1.0)  # warm-up
+    rec, paused = [], []
+    for i in range(pairs):
+        if late():
+            break
+        got = {}
+        for recording in ((True, False) if i % 2 == 0 else (False, True)):
+            pause.set_recording(pids, recording, srv.pause_dir)
+            time.sleep(0.3)
+            got[recording] = statistics.median(throughput(srv, conc, tokens, rounds=1, min_s=window_s)["tok_s"])
+        rec.append(got[True])
+        paused.append(got[False])
+    pause.set_recording(pids, True, srv.pause_dir)
+    return {"recording": rec, "paused": paused, "schedulers": len(pids)}
+
+
+def ab_judge(windows: dict) -> dict:
+    """Paired ratios (recording / paused) per server and over all pairs, bootstrap intervals."""
+    out: dict = {"per_server": {}}
+    every = []
+    for name, w in windows.items():
+        r = [a / b for a, b in zip(w.get("recording", []), w.get("paused", [])) if b]
+        if not r:
+            continue
+        every += r
+        out["per_server"][name] = analysis.bootstrap_ratio([1.0] * len(r), r)
+    if every:
+        out["all_pairs"] = analysis.bootstrap_ratio([1.0] * len(every), every)
+        out["all_pairs"]["pairs"] = len(every)
+    return out
+
+
+def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12) -> dict:
+    """The tiny Llama at 16 concurrent requests, every step exported, with the probe recording vs
+    paused in alternating windows of the same server (no launch-to-launch spread), ``launches``
+    probe servers and one without the probe flipped the same way (A/A control)."""
+    received = str(out / "received_ab.jsonl")
+    rec, endpoint = receiver(received)
+    tiny = carry / "models/tiny-llama4-h256"
+    plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
+    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    servers = [Server(f"ab_probe_{i}", 30300 + i, plain, probe=os.environ["GPU_BENCH_PROBE"], out=out, env=otlp,
+                      pausable=True) for i in range(launches)]
+    servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
+    windows: dict = {}
+    try:
+        first = servers[0].start()
+        ok = {first.name: first.wait_ready(360)}
+        for s in servers[1:]:
+            s.start()
+        ok.update({s.name: s.wait_ready(300) for s in servers[1:]})
+        live = [s for s in servers if ok[s.name]]
+        for s in live:
+            s.pause()
+        for s in live:
+            s.resume()
+            time.sleep(1.0)
+            windows[s.name] = ab_windows(s, pairs, 16, 128, 3.0)
+            s.pause()
+            log(f"{s.name}: {ab_judge({s.name: windows[s.name]}).get('all_pairs')}")
+    finally:
+        concurrent(lambda s: s.stop(), servers)
+        rec.stdin.close()
+        rec.wait(30)
+    verdict = {"probe": ab_judge({k: v for k, v in windows.items() if k.startswith("ab_probe")}),
+               "aa_control": ab_judge({k: v for k, v in windows.items() if k.startswith("ab_aa")})}
+    count_exported(verdict, servers, received)
+    return {"windows": windows, "verdict": verdict}
+
+
 def suite_seed_overhead(carry: Path, out: Path, pairs: int) -> dict:
     """The 32B-class config (GPU-bound, ~19 ms per decode step) with and without the probe, at
     batch 1 and batch 8: ``pairs`` launches of each, a pair at a time (two fit one H200 with a
@@ -669,7 +757,8 @@ def pack(out: Path, suite: str) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead", "full", "seed_overhead"])
+    ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead", "full", "seed_overhead",
+                                                  "overhead_ab"])
     ap.add_argument("--carry", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--launches", type=int, default=5)
@@ -688,6 +777,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res = suite_correct(args.carry, args.out)
             elif suite == "seed":
                 res = suite_seed(args.carry, args.out)
+            elif suite == "overhead_ab":
+                res = suite_overhead_ab(args.carry, args.out, args.launches)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches)
             elif suite == "overhead":

@@ -1,0 +1,56 @@
+"""The benchmark side of ``sitecustomize.py`` in this folder (benchmark-only): find a server's
+scheduler processes and pause or resume the probe's recording in them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def scheduler_pids(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` that SGLang titled ``sglang::scheduler...``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+            # pgid is field 5; the command name (field 2) may hold spaces, so split after it
+            if int(stat.rpartition(")")[2].split()[2]) != pgid:
+                continue
+            title = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, ValueError, IndexError):
+            continue
+        if title.startswith(b"sglang::scheduler"):
+            out.append(int(entry))
+    return sorted(out)
+
+
+def state(folder: Path, pid: int) -> str | None:
+    try:
+        return (folder / str(pid)).read_text()
+    except OSError:
+        return None
+
+
+def set_recording(pids: list[int], recording: bool, folder: Path, timeout: float = 10.0) -> None:
+    """Flip every scheduler whose reported state differs, then wait until all report it."""
+    want = "recording" if recording else "paused"
+    for pid in pids:
+        now = state(folder, pid)
+        if now == "no-probe":
+            continue
+        # Never flipped yet means recording (the probe starts armed).
+        if (now or "recording") != want:
+            os.kill(pid, signal.SIGUSR2)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        states = {pid: state(folder, pid) for pid in pids}
+        if all(s in (want, "no-probe") or (s is None and recording) for s in states.values()):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"schedulers did not report {want!r}: {states}")

@@ -1,0 +1,48 @@
+"""Benchmark-only, never installed by the sgl-probe wheel: SIGUSR2 pauses or resumes the probe's
+recording in the process that receives it.
+
+Why: a launch-bound server's throughput differs by up to +-20 % from one launch to the next
+(BENCHMARKS.md), far more than the 1 % the overhead target is about, so probe-on and probe-off
+*launches* cannot resolve it. With this folder on the server's ``PYTHONPATH``, a benchmark
+alternates short windows of the same scheduler process with the probe recording and paused
+(``SIGUSR2`` flips it; only send it to the scheduler processes), and pairs adjacent windows.
+
+Paused = the probe's step hooks switched off, as after an internal error: every wrapped call
+passes straight to SGLang (one attribute check), nothing is recorded, the drain thread and the
+exporter process idle. So the pair measures recording, timing and export; the wrapping itself
+(~0.3 us a call) is what probe-off launches still have to show.
+
+After each flip the process writes ``recording`` or ``paused`` to
+``$SGL_BENCH_PAUSE_DIR/<pid>`` (when set), so the benchmark can wait until the flip took effect.
+The signal is handled on the main thread between two bytecodes, which in SGLang's scheduler is
+between or inside steps: a step that was open when recording was paused still finishes and is
+exported; one that starts while paused is not recorded.
+"""
+
+import os
+import signal
+import sys
+
+
+def _flip(signum, frame):
+    try:
+        from sgl_probe.activate import get_probe
+
+        probe = get_probe()
+        if probe is None:  # SGL_PROBE=0 (an A/A control) or SGLang not imported in this process
+            state = "no-probe"
+        else:
+            steps = [h for h in probe.instrumentor.hooks if h.target.role == "step"]
+            on = not all(h.enabled for h in steps)
+            for h in steps:
+                h.enabled = on
+            state = "recording" if on else "paused"
+        folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
+        if folder:
+            with open(os.path.join(folder, str(os.getpid())), "w") as fh:
+                fh.write(state)
+    except Exception as exc:  # a benchmark aid must never take the server down
+        sys.stderr.write("probe_pause: %r\n" % (exc,))
+
+
+signal.signal(signal.SIGUSR2, _flip)

@@ -1,0 +1,78 @@
+"""The benchmark-only pause switch (benchmarks/probe_pause/): SIGUSR2 flips the probe's step
+hooks, the state is reported, and the controller finds SGLang's scheduler processes by title."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+
+from sgl_probe import activate
+from sgl_probe.instrument import Hook
+from sgl_probe.targets import Target
+
+PAUSE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_pause"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"probe_pause_{name}", PAUSE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture()
+def shim(monkeypatch, tmp_path):
+    before = signal.getsignal(signal.SIGUSR2)
+    mod = _load("sitecustomize")
+    monkeypatch.setenv("SGL_BENCH_PAUSE_DIR", str(tmp_path))
+    yield mod
+    signal.signal(signal.SIGUSR2, before)
+
+
+def test_flip_toggles_only_the_step_hooks_and_reports_the_state(shim, monkeypatch, tmp_path):
+    step = Hook(Target("step", (), "m", "S.run_batch", "step"))
+    phase = Hook(Target("phase", ("decode",), "m", "W.forward", "forward"))
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step, phase])))
+    assert signal.getsignal(signal.SIGUSR2) is shim._flip
+    state = tmp_path / str(os.getpid())
+    shim._flip(signal.SIGUSR2, None)
+    assert step.enabled is False and phase.enabled is True and state.read_text() == "paused"
+    shim._flip(signal.SIGUSR2, None)
+    assert step.enabled is True and state.read_text() == "recording"
+
+
+def test_flip_without_a_probe_reports_it_and_never_raises(shim, monkeypatch, tmp_path):
+    monkeypatch.setattr(activate, "_PROBE", None)
+    shim._flip(signal.SIGUSR2, None)
+    assert (tmp_path / str(os.getpid())).read_text() == "no-probe"
+    monkeypatch.setattr(activate, "_PROBE", NS())  # no instrumentor: logged, not raised
+    shim._flip(signal.SIGUSR2, None)
+
+
+def test_controller_finds_schedulers_by_title_and_waits_for_their_state(tmp_path):
+    control = _load("control")
+    # bash's exec -a sets argv[0], as SGLang's setproctitle does for its scheduler
+    procs = [subprocess.Popen(["bash", "-c", f"exec -a {title} sleep 30"], start_new_session=i == 0)
+             for i, title in enumerate(["sglang::scheduler_TP0", "sglang::detokenizer"])]
+    try:
+        pgid = procs[0].pid
+        end = time.monotonic() + 5
+        while time.monotonic() < end and not control.scheduler_pids(pgid):
+            time.sleep(0.02)
+        assert control.scheduler_pids(pgid) == [pgid]  # the other one is neither in the group nor titled so
+        (tmp_path / str(pgid)).write_text("paused")
+        control.set_recording([pgid], False, tmp_path, timeout=1)  # already paused: nothing sent
+        assert procs[0].poll() is None
+        with pytest.raises(TimeoutError):  # a process that never answers is named, not waited on forever
+            control.set_recording([pgid], True, tmp_path, timeout=0.3)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -868,3 +868,123 @@ def test_a_step_whose_batch_comes_by_keyword():
     assert step("sched", batch=b) == "r"
     st = rec.steps[-1]
     assert (st.mode, st.batch_size, st.num_tokens) == ("DECODE", 4, 4)
+
+
+# -- gaps the mutation run of the drain-rows / hot-path rework showed ---------------------------------
+
+def test_every_wrapper_passes_a_keyword_less_call_through_unchanged():
+    # SGLang calls these methods without keywords, and the wrappers take a path of their own then.
+    rec = Recorder("cpu", 100, LOG)
+    obj, b = object(), NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    for build, hook in ((rec.step_method, Hook(STEP)), (rec.phase_method, Hook(FORWARD)),
+                        (rec.graph_method, Hook(_target(role="graph"))), (rec.accept_method, Hook(ACCEPT))):
+        spy = Spy()
+        assert build(hook, spy)(obj, b, "x") == "orig-result"
+        assert spy.calls == [(obj, (b, "x"), {})]
+    # inside a step and a phase, the replay keeps its receiver and its arguments too
+    replay_spy, fwd_spy = Spy(), Spy(result=NS())
+    replay = rec.graph_method(Hook(_target(role="graph")), replay_spy)
+    phase = rec.phase_method(Hook(FORWARD), lambda w, batch: replay("runner", batch, 3) and fwd_spy(w, batch))
+    rec.step_method(Hook(STEP), lambda s, batch: phase("worker", batch))("sched", b)
+    assert replay_spy.calls == [("runner", (b, 3), {})] and fwd_spy.calls == [("worker", (b,), {})]
+    assert rec.steps[-1].phases[0].graph_hook is True
+
+
+def test_no_graph_reason_is_asked_with_the_batch_size_not_the_token_count(monkeypatch):
+    from sgl_probe import no_graph
+
+    asked = []
+    monkeypatch.setattr(no_graph, "reason_for", lambda runner: lambda obj, mode, bs: asked.append((mode, bs))
+                        or "mode_not_captured")
+    rec = Recorder("cpu", 100, LOG)
+    rec.timer = CpuTimer()
+    phase = rec.phase_method(Hook(FORWARD), lambda w, batch: NS(can_run_cuda_graph=False))
+    b = NS(forward_mode=ForwardMode.EXTEND, seq_lens=[5, 6, 7], extend_num_tokens=18)
+    rec.step_method(Hook(STEP), lambda s, batch: phase("w", batch))("sched", b)
+    ph = rec.steps[-1].phases[0]
+    assert (ph.batch_size, ph.num_tokens) == (3, 18) and asked == [("EXTEND", 3)]
+
+
+@pytest.mark.parametrize("reader", ["forward", "step"])
+def test_readers_take_the_batch_size_from_a_tensor_shape(reader):
+    from sgl_probe import readers
+
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=Shape(5))
+    facts = readers.ENTER[reader](FORWARD if reader == "forward" else STEP, (b,), {}, {})
+    assert facts[1:] == ("DECODE", 5, 5)
+
+
+def test_error_text_names_the_type_and_keeps_none_for_no_error():
+    drain = _drain()
+    assert drain.error_text(None) is None
+    assert drain.error_text(ValueError("a: b")) == "ValueError: a: b"
+
+
+def test_a_graph_phase_carries_no_no_graph_reason_whatever_the_record_says():
+    drain = _drain()
+    timer = TokenTimer()
+    st = _step_with(timer, ("decode", True))
+    st.phases[0].graph, st.phases[0].no_graph_reason = True, "batch_too_large"
+    assert drain.resolve_step(st, timer).phases[0].no_graph_reason is None
+    st.phases[0].graph = False
+    assert drain.resolve_step(st, timer).phases[0].no_graph_reason == "batch_too_large"
+
+
+def test_take_ready_counts_what_it_takes_honours_the_limit_and_asks_each_phase_its_own_end():
+    import collections
+
+    drain = _drain()
+    timer = TokenTimer()
+    steps = collections.deque(_step_with(timer, ("decode", True)) for _ in range(5))
+    ends = [(st.phases[0].t_start, st.phases[0].t_end) for st in steps]
+    rows: list = []
+    assert drain.take_ready(steps, timer, 1_000, False, 3, rows) == 3 and len(steps) == 2
+    assert timer.asked == ends[:3]
+    assert drain.take_ready(steps, timer, 1_000, False, 10, rows) == 2 and len(rows) == 5
+    # before the first step no timer exists yet: the drain's tick finds nothing to do
+    assert drain.take_ready(collections.deque(), None, 1_000, False, 10, rows) == 0
+
+
+def test_take_ready_waits_for_an_accept_report_exactly_as_long_as_step_ready():
+    import collections
+
+    drain = _drain()
+    timer = TokenTimer()
+    v = _step_with(timer, ("verify", True))
+    wait = drain.ACCEPT_WAIT_NS
+    for now in (v.host1 + wait - 1, v.host1 + wait):
+        got = drain.take_ready(collections.deque([v]), timer, now, False, 10, [])
+        assert got == (1 if drain.step_ready(v, timer, now) else 0)
+    assert drain.step_ready(v, timer, v.host1 + wait) is True
+
+
+def test_take_ready_logs_the_index_and_error_of_a_step_it_must_drop(caplog):
+    import collections
+
+    drain = _drain()
+
+    class Broken(TokenTimer):
+        def interval(self, start, end):
+            raise RuntimeError("event never completed")
+
+    timer = Broken()
+    broken = _step_with(timer, ("decode", True))
+    broken.index = 41
+    with caplog.at_level(logging.DEBUG, logger="sgl_probe"):
+        assert drain.take_ready(collections.deque([broken]), timer, 1_000, False, 10, []) == 1
+    assert [r.getMessage() for r in caplog.records if "dropping" in r.getMessage()] == [
+        "sgl-probe: dropping step 41: RuntimeError('event never completed')"]
+
+
+@pytest.mark.parametrize("mode,phase", [(ForwardMode.DECODE, "decode"), (ForwardMode.EXTEND, "extend"),
+                                        (ForwardMode.TARGET_VERIFY, "verify"), (ForwardMode.IDLE, None)])
+def test_forward_reader_phase_on_a_cold_and_a_warm_cache(monkeypatch, mode, phase):
+    # The reader caches mode -> phase per process: the first call (cold) and later ones must agree.
+    from sgl_probe import readers
+
+    monkeypatch.setattr(readers, "_PHASE_OF", {})
+    monkeypatch.setattr(readers, "_MODE_NAMES", {})
+    b = NS(forward_mode=mode, seq_lens=[0, 0])
+    cold = readers.forward(FORWARD, (b,), {}, {})
+    warm = readers.forward(FORWARD, (b,), {}, {})
+    assert cold[0] == warm[0] == phase and cold[1] == warm[1] == mode.name

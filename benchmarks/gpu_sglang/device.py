@@ -616,6 +616,8 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float)
             got[recording] = statistics.median(throughput(srv, conc, tokens, rounds=1, min_s=window_s)["tok_s"])
         rec.append(got[True])
         paused.append(got[False])
+        log(f"{srv.name} pair {i}: recording {got[True]:.0f} paused {got[False]:.0f} tok/s "
+            f"ratio {got[True] / got[False]:.4f}")
     pause.set_recording(pids, True, srv.pause_dir)
     return {"recording": rec, "paused": paused, "schedulers": len(pids)}
 
@@ -636,7 +638,7 @@ def ab_judge(windows: dict) -> dict:
     return out
 
 
-def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12) -> dict:
+def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0) -> dict:
     """The tiny Llama at 16 concurrent requests, every step exported, with the probe recording vs
     paused in alternating windows of the same server (no launch-to-launch spread), ``launches``
     probe servers and one without the probe flipped the same way (A/A control)."""
@@ -651,18 +653,16 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12) ->
     servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
     windows: dict = {}
     try:
-        first = servers[0].start()
-        ok = {first.name: first.wait_ready(360)}
-        for s in servers[1:]:
+        for s in servers:  # SGLang's JIT kernels come from the carried cache
             s.start()
-        ok.update({s.name: s.wait_ready(300) for s in servers[1:]})
+        ok = {s.name: s.wait_ready(360) for s in servers}
         live = [s for s in servers if ok[s.name]]
         for s in live:
             s.pause()
         for s in live:
             s.resume()
             time.sleep(1.0)
-            windows[s.name] = ab_windows(s, pairs, 16, 128, 3.0)
+            windows[s.name] = ab_windows(s, pairs, 16, 128, window_s)
             s.pause()
             log(f"{s.name}: {ab_judge({s.name: windows[s.name]}).get('all_pairs')}")
     finally:
@@ -763,6 +763,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--tag", default="run")
+    ap.add_argument("--pairs", type=int, default=12, help="overhead_ab: window pairs per server")
+    ap.add_argument("--window-s", type=float, default=3.0, help="overhead_ab: seconds per window")
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
                     help="stop measuring after this many seconds, keeping what was measured")
     args = ap.parse_args(argv)
@@ -778,7 +780,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             elif suite == "seed":
                 res = suite_seed(args.carry, args.out)
             elif suite == "overhead_ab":
-                res = suite_overhead_ab(args.carry, args.out, args.launches)
+                res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches)
             elif suite == "overhead":

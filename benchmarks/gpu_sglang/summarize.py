@@ -47,6 +47,8 @@ def summarize(run: str, dirs: list[str]) -> dict:
                 suites.update({k: v for k, v in data.items() if k in ("correct", "overhead")})
             elif Path(path).stem.endswith("_seed_overhead"):
                 suites["seed_overhead"] = data
+            elif Path(path).stem.endswith("_overhead_ab"):
+                suites["overhead_ab"] = data
             else:
                 suites[Path(path).stem.rsplit("_", 1)[1]] = data
         m = Path(d, "machine.txt")
@@ -103,6 +105,13 @@ def summarize(run: str, dirs: list[str]) -> dict:
             for bs, r in v.items() if bs.startswith("bs")}
         out["overhead_seed32b"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead_seed32b"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
+    ab = suites.get("overhead_ab")
+    if ab:
+        v = ab.get("verdict", {})
+        out["overhead_in_server"] = {"probe_recording_over_paused": (v.get("probe") or {}).get("all_pairs"),
+                                     "aa_control": (v.get("aa_control") or {}).get("all_pairs"),
+                                     "received_spans": _probe_names(v.get("received_spans")),
+                                     "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}
     return out
 
 

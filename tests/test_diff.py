@@ -122,6 +122,21 @@ def test_versions_gpus_and_arguments(tmp_path, capsys):
     assert "s3cret" not in json.dumps(d) and "other" not in json.dumps(d["server_args"])
 
 
+def test_a_baseline_on_another_port_is_shown_but_not_doubted(tmp_path, capsys):
+    a = write_run(tmp_path / "a", BASE_ENV, FP)
+    argv = [x if x != "30000" else "30001" for x in ARGS] + ["--host", "0.0.0.0", "--speculative-algorithm", "EAGLE3"]
+    b = write_run(tmp_path / "b", BASE_ENV, FP, argv=argv)
+    rc, d = diff_json(capsys, a, b)
+    assert rc == 1 and d["differs"] == ["server_args"] and d["unexpected"] == []
+    assert set(d["server_args"]) == {"--port", "--host", "--speculative-algorithm"}
+    _, out = diff(capsys, a, b)
+    assert "server arg --port: 30000 -> 30001  (where it listens)" in out
+    assert "server arg --host: (unset) -> 0.0.0.0  (where it listens)" in out
+    # any other flag still makes the baseline suspect
+    c = write_run(tmp_path / "c", BASE_ENV, FP, argv=argv + ["--disable-cuda-graph"])
+    assert diff_json(capsys, a, c)[1]["unexpected"] == ["server_args"]
+
+
 def test_a_flag_only_on_one_side_is_a_difference():
     assert parse_args(["-m", "x", "--a", "1", "--b=2", "--flag", "--multi", "x", "y"]) == {
         "(command)": "-m x", "--a": "1", "--b": "2", "--flag": "(set)", "--multi": "x y"}

@@ -30,6 +30,9 @@ _FILE_SETS = [("patched SGLang files", C.FP_PATCHED), ("missing SGLang files", C
 NOT_COMPARED_VARS = frozenset({"SGLANG_RUN_ID"})
 #: Server flags that a speculative run and its plain baseline are expected to differ in.
 EXPECTED_FLAG_PREFIXES = ("--speculative",)
+#: Where a server listens, not how it runs: shown, but no reason to doubt a baseline (two servers
+#: measured side by side cannot share a port).
+ADDRESS_FLAGS = ("--host", "--port")
 #: The value of a flag given without one (``--disable-cuda-graph``).
 FLAG_SET = "(set)"
 
@@ -156,7 +159,7 @@ def compare(a: Aggregator, b: Aggregator) -> dict:
     out["compared"] = both or bool(set(va.env) & set(vb.env))
     # What makes a baseline suspect: anything but the speculative settings it is meant to lack.
     unexpected = [s for s in out["differs"] if s != "server_args"]
-    if any(not f.startswith(EXPECTED_FLAG_PREFIXES) for f in args):
+    if any(not f.startswith(EXPECTED_FLAG_PREFIXES) and f not in ADDRESS_FLAGS for f in args):
         unexpected.append("server_args")
     out["unexpected"] = unexpected
     return out
@@ -205,7 +208,8 @@ def render(d: dict, name_a: str = "A", name_b: str = "B") -> list[str]:
         for label, c in d[section].items():
             lines.append(f"  {label}: {_val(c['a'])} -> {_val(c['b'])}")
     for flag, c in d["server_args"].items():
-        note = "  (expected: speculative settings)" if flag.startswith(EXPECTED_FLAG_PREFIXES) else ""
+        note = ("  (expected: speculative settings)" if flag.startswith(EXPECTED_FLAG_PREFIXES)
+                else "  (where it listens)" if flag in ADDRESS_FLAGS else "")
         lines.append(f"  server arg {flag}: {_val(c['a'])} -> {_val(c['b'])}{note}")
     return lines + ["  note: " + n for n in d["notes"]]
 

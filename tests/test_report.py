@@ -6,7 +6,6 @@ into a ``SGL_PROBE_TRACE_DIR`` exactly like a server's."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess

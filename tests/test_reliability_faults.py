@@ -345,8 +345,13 @@ def fault_run(tmp_path_factory) -> FaultRun:
         receivers.append(receiver)
         run.rss_before_slow = _rss_kb(server.proc.pid)
         slow = phase("slow_collector")
-        for _ in range(2):  # more steps than the queue holds while the receiver lags
+        for _ in range(2):
             slow.outputs += generate_many(server, PROMPTS)
+        # More spans than the 64-span queue and the lagging receiver take between them, whatever
+        # the scheduler's batching made of the requests above (64 spans in one CI run, > 64 in
+        # others): longer requests, not compared, each one step per token.
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            list(pool.map(lambda t: generate(server, t, 32), PROMPTS * 2))
         slow.t1 = time.time_ns()
         run.rss_after_slow = _rss_kb(server.proc.pid)
         settle(quiet_s=2 * SLOW_S + 1, timeout=120)

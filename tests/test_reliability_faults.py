@@ -398,15 +398,20 @@ def test_spans_lost_in_the_outage_are_counted_none_invented(fault_run: FaultRun)
     outage_end = fault_run.phases["collector_back"].t1
     received_then = {s.span_id for s in fault_run.received if s.start_ns <= outage_end}
     written_then = {s["span_id"] for s in fault_run.trace if s["start_ns"] <= outage_end}
-    assert received_then <= trace_ids, "the receiver got spans the probe never wrote (invented)"
+    by = fault_run.dropped_after_outage
+    # The trace dir's queue is as small as OTLP's here (OTEL_BSP_MAX_QUEUE_SIZE=64 holds for both)
+    # and can overflow in a burst on a busy machine: a span it dropped may still have arrived.
+    assert len(received_then - trace_ids) <= by["trace_dir"], \
+        "the receiver got spans the probe never made (invented)"
     lost = written_then - received_then
     down = fault_run.phases["collector_down"]
     assert any(down.t0 <= s["start_ns"] <= down.t1 for s in fault_run.trace if s["span_id"] in lost), \
         "the outage lost nothing: the collector was not really down"
-    by = fault_run.dropped_after_outage
-    assert by["trace_dir"] == 0 and by["link"] == 0 and by["pending"] == 0, by
-    assert by["otlp"] == len(lost), (
-        f"summary line says {by}, the receiver lacks {len(lost)} of the spans in the trace file")
+    assert by["link"] == 0 and by["pending"] == 0, by
+    # Each output's count is exactly what it did not deliver of the same spans.
+    assert len(received_then) + by["otlp"] == len(written_then) + by["trace_dir"], (
+        f"summary line says {by}; {len(written_then)} spans in the trace file, {len(received_then)} received")
+    assert by["otlp"] >= len(lost), by
     # SGLang's /metrics (--enable-metrics), where the probe adds its series
     assert fault_run.dropped_metric_after_outage == by["total"]
 

@@ -48,20 +48,18 @@ def _signal(server: SGLangServer, sig: int) -> None:
     os.killpg(server.proc.pid, sig)  # the launcher runs in its own session: pgid == pid
 
 
+def rate(server: SGLangServer, new_tokens: int) -> float:
+    """Tokens/s of one load block (the prompts at once)."""
+    t0 = time.perf_counter()
+    out = server.generate_many(PROMPTS, new_tokens)
+    return sum(r["meta_info"]["completion_tokens"] for r in out) / (time.perf_counter() - t0)
+
+
 def block(server: SGLangServer, other: SGLangServer, new_tokens: int) -> float:
     _signal(other, signal.SIGSTOP)
     _signal(server, signal.SIGCONT)
     time.sleep(0.2)
-    t0 = time.perf_counter()
-    out = server.generate_many(PROMPTS, new_tokens)
-    wall = time.perf_counter() - t0
-    return sum(r["meta_info"]["completion_tokens"] for r in out) / wall
-
-
-def rate(server: SGLangServer, new_tokens: int) -> float:
-    t0 = time.perf_counter()
-    out = server.generate_many(PROMPTS, new_tokens)
-    return sum(r["meta_info"]["completion_tokens"] for r in out) / (time.perf_counter() - t0)
+    return rate(server, new_tokens)
 
 
 def in_process(venv, model, aa: bool, pairs: int, tokens: int, export: bool = True) -> tuple[list, list, list, dict]:

@@ -520,22 +520,34 @@ def receiver(path: str) -> tuple[subprocess.Popen, str]:
     return proc, endpoint.replace("http://", "")
 
 
+#: Span batches leave every 0.2 s (the SDK default is 5 s), for the probe and SGLang's own tracing
+#: alike, so the export work of a step falls inside the window that measures it.
+BSP_ENV = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+
+
+def otlp_env(endpoint: str) -> dict:
+    """A probe server's env for exporting every step to the benchmark's receiver."""
+    return {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            **BSP_ENV}
+
+
+def decode_spans(srv: Server) -> int:
+    return sum(1 for x in analysis.read_spans(str(srv.trace_dir)) if x["name"] == "sglang.decode")
+
+
 def overhead_servers(carry: Path, out: Path, launches: int, endpoint: str) -> list:
     """``launches`` servers per configuration: no probe; the probe exporting every step over
     OTLP/gRPC and to a trace dir; the reference probe build the same way (when carried); SGLang's
     own observability (metrics with its device timer, request tracing to the same receiver)."""
     tiny = carry / "models/tiny-llama4-h256"
     plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    # Batches leave every 0.2 s (the SDK default is 5 s), for the probe and SGLang's own tracing
-    # alike, so the export work of a step falls inside the window that measures it.
-    bsp = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
-    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true", **bsp}
+    otlp = otlp_env(endpoint)
     configs = [("off", plain, None, {}), ("probe", plain, os.environ["GPU_BENCH_PROBE"], otlp)]
     ref = os.environ.get("GPU_BENCH_PROBE_REF")
     if ref and Path(ref).is_dir():
         configs.append(("probe_ref", plain, ref, otlp))
     configs.append(("sglang_obs", plain + ["--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", endpoint],
-                    None, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", **bsp}))
+                    None, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", **BSP_ENV}))
     servers, port = [], 30100
     for i in range(launches):
         for name, args, probe, env in configs:
@@ -558,9 +570,7 @@ def overhead_run(servers: list, ready: list, launches: int, received: str) -> di
 def count_exported(verdict: dict, servers: list, received: str) -> None:
     """After the servers and the receiver stopped (the exporters flush on stop): decode spans
     written to each trace dir, and what reached the receiver over OTLP."""
-    verdict["decode_spans_in_trace_dirs"] = {
-        s.name: sum(1 for x in analysis.read_spans(str(s.trace_dir)) if x["name"] == "sglang.decode")
-        for s in servers if s.probe}
+    verdict["decode_spans_in_trace_dirs"] = {s.name: decode_spans(s) for s in servers if s.probe}
     verdict["received_spans"] = _received_names(received)
 
 
@@ -646,8 +656,7 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     rec, endpoint = receiver(received)
     tiny = carry / "models/tiny-llama4-h256"
     plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    otlp = otlp_env(endpoint)
     servers = [Server(f"ab_probe_{i}", 30300 + i, plain, probe=os.environ["GPU_BENCH_PROBE"], out=out, env=otlp,
                       pausable=True) for i in range(launches)]
     servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
@@ -686,8 +695,7 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int) -> dict:
     # Both servers may measure free memory before either loads: a small slack, a capped pool.
     args = base_args(big, mem=0.985, max_bs=8, level="warning", max_tokens=4096,
                      extra=("--load-format", "dummy", "--context-length", "2048"))
-    otlp = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    otlp = otlp_env(endpoint)
     raw: dict = {}
     spans: dict = {}
     try:
@@ -717,7 +725,7 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int) -> dict:
             finally:
                 for s in (on, off):
                     s.stop()
-            spans[on.name] = sum(1 for x in analysis.read_spans(str(on.trace_dir)) if x["name"] == "sglang.decode")
+            spans[on.name] = decode_spans(on)
     finally:
         rec.stdin.close()
         rec.wait(30)

@@ -23,6 +23,12 @@ def _agreement(parts: list) -> dict:
     return {"agree": agree, "total": total, "ratio": agree / total if total else None}
 
 
+def _ratios(verdict: dict) -> dict:
+    """Each configuration's ratio fields from an overhead verdict (``device.judge``)."""
+    keys = ("median_ratio", "ci95", "slowdown_off_over_on", "p99_step_ratio", "launches")
+    return {k: {kk: r.get(kk) for kk in keys} for k, r in verdict.items() if isinstance(r, dict) and "median_ratio" in r}
+
+
 def _probe_names(received: dict | None) -> dict | None:
     """The probe's span names as received; SGLang's own tracing names a span per request
     (``Req <id>``) and per process, which are summed per service."""
@@ -91,8 +97,7 @@ def summarize(run: str, dirs: list[str]) -> dict:
     o = suites.get("overhead")
     if o:
         v = o.get("verdict", {})
-        out["overhead"] = {k: {kk: v[k].get(kk) for kk in ("median_ratio", "ci95", "slowdown_off_over_on", "p99_step_ratio", "launches")}
-                           for k in v if isinstance(v[k], dict) and "median_ratio" in v[k]}
+        out["overhead"] = _ratios(v)
         out["overhead"]["tok_s_per_launch"] = v.get("tok_s_per_launch")
         out["overhead"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
@@ -100,8 +105,7 @@ def summarize(run: str, dirs: list[str]) -> dict:
     if so:
         v = so.get("verdict", {})
         out["overhead_seed32b"] = {
-            bs: {k: {kk: r[k].get(kk) for kk in ("median_ratio", "ci95", "slowdown_off_over_on", "p99_step_ratio", "launches")}
-                 for k in r if isinstance(r[k], dict) and "median_ratio" in r[k]} | {"tok_s_per_launch": r.get("tok_s_per_launch")}
+            bs: _ratios(r) | {"tok_s_per_launch": r.get("tok_s_per_launch")}
             for bs, r in v.items() if bs.startswith("bs")}
         out["overhead_seed32b"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead_seed32b"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")

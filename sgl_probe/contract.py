@@ -38,6 +38,11 @@ TARGET = "sgl_probe.target"
 #: ``host_clock`` (the stream was idle at the call, so the interval includes the launch latency).
 START = "sgl_probe.start"
 START_VALUES = ("gpu_event", "host_clock")
+#: On a phase that launched a CUDA graph: from the graph's launch (the host clock at
+#: ``torch.cuda.CUDAGraph.replay``, or the phase's GPU start if the GPU was still busy then) to the
+#: phase's end. The span's interval also holds the host's preparation before the launch (input
+#: copies, attention metadata), time in which a launch-bound GPU sits idle.
+GRAPH_MS = "sgl_probe.graph_ms"
 PHASE = "sglang.phase"
 STEP_INDEX = "sglang.step_index"
 CUDA_GRAPH = "sglang.cuda_graph"

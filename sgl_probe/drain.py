@@ -69,10 +69,20 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
         graph = ph.graph
         graph = bool(graph if graph is not None else ph.graph_hook)  # graph_used, inline
         error = ph.error
+        launch = ph.launch_ns
+        if launch:
+            # The GPU may still have been busy with earlier work when the graph was launched:
+            # then the graph's time starts where the phase's does.
+            launch += offset if host else timer.wall(0)
+            graph_ms = (t1 - (launch if launch > t0 else t0)) / 1e6
+            if graph_ms < 0:
+                graph_ms = 0.0
+        else:
+            graph_ms = None
         phases.append((
             ph.phase, t0, t1, graph, ph.mode, ph.batch_size, ph.num_tokens, (ph.host1 - ph.host0) / 1e6,
             ph.target, ph.accept_length, start_kind(ph.t_start) if start_kind is not None else None,
-            None if graph else ph.no_graph_reason, None if error is None else error_text(error)))
+            None if graph else ph.no_graph_reason, None if error is None else error_text(error), graph_ms))
     if host:
         w0, w1 = st.host0 + offset, st.host1 + offset
     else:

@@ -23,6 +23,10 @@ STATS_EVERY_S = 0.5
 #: Larger than any message the server's socket lets through (its send buffer is capped lower).
 RECV_BUFFER = 8 << 20
 FLUSH_ON_EXIT_S = 5.0
+#: Added to the server's nice value: on a host whose cores SGLang's own processes keep busy, the
+#: scheduler wins the CPU over span encoding; an exporter that falls behind fills the link, and
+#: the server drops (and counts) what does not fit rather than wait.
+NICE_INCREMENT = 10
 
 log = logging.getLogger("sgl_probe")
 
@@ -160,6 +164,10 @@ def main(argv: list[str]) -> int:
     log.propagate = False
     if os.getppid() != server_pid:  # the server died before we got here
         return 0
+    try:
+        os.nice(NICE_INCREMENT)
+    except OSError:
+        pass
     serve(socket.socket(fileno=fd), server_pid)
     return 0
 

@@ -84,6 +84,7 @@ HANDLERS: dict[str, Handler] = {
     "step": Handler(True, lambda probe, hook, orig: probe.recorder.step_method(hook, orig)),
     "phase": Handler(True, lambda probe, hook, orig: probe.recorder.phase_method(hook, orig)),
     "graph": Handler(True, lambda probe, hook, orig: probe.recorder.graph_method(hook, orig)),
+    "graph_launch": Handler(True, lambda probe, hook, orig: probe.recorder.launch_method(hook, orig)),
     "accept": Handler(True, lambda probe, hook, orig: probe.recorder.accept_method(hook, orig)),
     "identity": Handler(False, lambda probe, hook, orig: _before_wrapper(probe.on_identity, hook)),
     "nccl_init": Handler(False, lambda probe, hook, orig: _before_wrapper(probe.on_nccl_init, hook)),

@@ -29,7 +29,7 @@ perf_counter_ns = time.perf_counter_ns
 
 class PhaseRecord:
     __slots__ = ("phase", "mode", "batch_size", "num_tokens", "host0", "host1", "t_start", "t_end",
-                 "graph", "graph_hook", "no_graph_reason", "error", "accept_length", "target")
+                 "graph", "graph_hook", "launch_ns", "no_graph_reason", "error", "accept_length", "target")
 
     def __init__(self, facts: readers.Facts, target: str, host0: int, t_start: Any) -> None:
         self.phase, self.mode, self.batch_size, self.num_tokens = facts
@@ -40,6 +40,7 @@ class PhaseRecord:
         self.t_end = None
         self.graph: Optional[bool] = None  # from the call's result, when SGLang reports it
         self.graph_hook = False  # a graph-replay target ran inside this call
+        self.launch_ns = 0  # host clock at the first CUDA graph launch inside this call (0: none)
         self.no_graph_reason: Optional[str] = None  # contract.NO_GRAPH_REASONS, when no graph ran
         self.error: Optional[BaseException] = None
         self.accept_length: Optional[float] = None
@@ -251,6 +252,20 @@ class Recorder:
             return orig(obj, *args, **kwargs) if kwargs else orig(obj, *args)
 
         return graph
+
+    def launch_method(self, hook, orig: Callable) -> Callable:
+        """torch's ``CUDAGraph.replay``: the host clock at the open phase's first graph launch.
+        SGLang's runners prepare the graph's inputs on the host before it (tens to hundreds of
+        microseconds), so this, not the runner's entry, is where the graph's GPU time starts."""
+        tls = self.tls
+
+        def launch(obj, *args, **kwargs):
+            ph = tls.cur[1]
+            if ph is not None and not ph.launch_ns and hook.enabled:
+                ph.launch_ns = perf_counter_ns()
+            return orig(obj, *args, **kwargs) if kwargs else orig(obj, *args)
+
+        return launch
 
     def accept_method(self, hook, orig: Callable) -> Callable:
         """SGLang's accept-length sink (``update_spec_metrics``), read after it returned (the counts

@@ -25,6 +25,7 @@ class ResolvedPhase(NamedTuple):
     start_kind: Optional[str] = None        # contract.START_VALUES, None for the cpu timer
     no_graph_reason: Optional[str] = None   # contract.NO_GRAPH_REASONS, only when graph is False
     error: Optional[str] = None             # "ExceptionType: message" when the call raised
+    graph_ms: Optional[float] = None        # from the first CUDA graph launch to the end (contract.GRAPH_MS)
 
     @property
     def duration_ms(self) -> float:

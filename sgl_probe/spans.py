@@ -83,6 +83,8 @@ def phase_attributes(ph: ResolvedPhase, timer_kind: str, ranks: dict, spec: dict
     _batch_attributes(attrs, ph)
     if ph.start_kind is not None:
         attrs[C.START] = ph.start_kind
+    if ph.graph_ms is not None:
+        attrs[C.GRAPH_MS] = ph.graph_ms
     if ph.no_graph_reason is not None and not ph.graph:
         attrs[C.NO_GRAPH_REASON] = ph.no_graph_reason
     attrs.update(ranks)

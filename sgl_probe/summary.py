@@ -50,7 +50,7 @@ class Summary:
             return
         seen = self._seen
         window = self._window
-        for phase, t0, t1, graph, mode, bs, ntok, _host, _target, accept, _start, reason, _err in phases:
+        for phase, t0, t1, graph, mode, bs, ntok, _host, _target, accept, _start, reason, _err, _graph_ms in phases:
             ms = (t1 - t0) / 1e6
             # sgl_probe.stats.shape_key, inline: this runs for every phase of every step
             key = (phase, mode, bs, graph, (ntok - 1).bit_length() if type(ntok) is int and ntok > 0 else None)

@@ -19,9 +19,10 @@ from sgl_probe.contract import PHASES  # noqa: F401  (re-exported: the table's p
 
 #: Roles: ``step`` opens a scheduler iteration, ``phase`` times a call, ``graph`` marks the open
 #: phase as having replayed a CUDA/CPU graph, ``accept`` carries SGLang's accept length,
+#: ``graph_launch`` notes when the open phase launched its first CUDA graph (torch's own replay),
 #: ``nccl_init`` snapshots the env before the first communicator, ``identity`` learns the
 #: process's ranks and server args, ``launch`` marks a new server launch in the parent process.
-ROLES = ("step", "phase", "graph", "accept", "nccl_init", "identity", "launch")
+ROLES = ("step", "phase", "graph", "graph_launch", "accept", "nccl_init", "identity", "launch")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,9 @@ TARGETS: tuple[Target, ...] = (
            until="0.5.14"),
     Target("graph", ("graph",), _DRAFT_EXT_CG, "EAGLEDraftExtendCudaGraphRunner.execute", "graph",
            since="0.5.14"),
+    # The launch itself, below SGLang's runners (whose entry comes before their host-side input
+    # preparation): every captured graph SGLang replays is a torch CUDAGraph.
+    Target("graph_launch", ("graph_launch",), "torch.cuda.graphs", "CUDAGraph.replay", "graph"),
     # SGLang's own accept-length sink, called after the accept counts reached the CPU (no sync).
     Target("accept", ("accept",), _S + "managers.scheduler_metrics_mixin",
            "SchedulerMetricsMixin.update_spec_metrics", "accept", since="0.5.5", until="0.5.13"),

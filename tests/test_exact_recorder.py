@@ -294,6 +294,68 @@ def test_replay_outside_a_phase_marks_nothing():
     assert ph.graph_hook is False and ph.graph is None
 
 
+# -- the graph's launch: where a graph phase's GPU time starts -----------------------------------------
+
+LAUNCH = _target(role="graph_launch")
+
+
+def test_graph_launch_notes_the_first_launch_of_the_open_phase_only(monkeypatch):
+    from sgl_probe import recorder
+
+    rig = Rig()
+    clock = iter(range(1_000, 100_000, 1_000))
+    monkeypatch.setattr(recorder, "perf_counter_ns", lambda: next(clock))
+    calls = []
+    launch = rig.rec.launch_method(Hook(LAUNCH), lambda graph, *a, **k: calls.append((graph, a, k)) or "launched")
+    assert launch("g0") == "launched" and calls == [("g0", (), {})]  # outside a phase: noted nowhere
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0])
+
+    def body(worker, batch):
+        assert launch("g1") == "launched"
+        assert launch("g2", 7, k=1) == "launched"  # a second graph (breakable graphs): not the start
+        return NS(can_run_cuda_graph=True)
+
+    forward = rig.rec.phase_method(Hook(FORWARD), body)
+    rig.step(None, b, lambda: forward(None, b))
+    ph = rig.rec.steps[-1].phases[-1]
+    # step entry 1000, phase entry 2000, first launch 3000, phase end 4000 ...
+    assert (ph.host0, ph.launch_ns) == (2_000, 3_000)
+    assert calls[1:] == [("g1", (), {}), ("g2", (7,), {"k": 1})]
+    rig.decode_step(2, result=NS(can_run_cuda_graph=False))
+    assert rig.rec.steps[-1].phases[-1].launch_ns == 0  # no launch in that phase
+    off = Hook(LAUNCH)
+    off.enabled = False
+    quiet = rig.rec.launch_method(off, lambda graph: "launched")
+    forward = rig.rec.phase_method(Hook(FORWARD), lambda worker, batch: quiet("g") and NS())
+    rig.step(None, b, lambda: forward(None, b))
+    assert rig.rec.steps[-1].phases[-1].launch_ns == 0
+
+
+@pytest.mark.parametrize("launch,t0,want_ms", [
+    (0, 10, None),             # no graph launched: no attribute
+    (13, 10, 0.000002),        # launched 3 ns after the GPU start: from the launch to the end (15)
+    (7, 10, 0.000005),         # the GPU was still busy at the launch: from the phase's start
+    (40, 10, 0.0),             # a launch mapped after the end (clock noise) is clamped
+])
+def test_graph_ms_runs_from_the_launch_or_the_gpu_start_whichever_is_later(launch, t0, want_ms):
+    drain = _drain()
+    timer = TokenTimer()
+    st = _step_with(timer, ("decode", True))
+    st.phases[0].launch_ns = launch
+    (ph,) = drain.resolve_step(st, timer).phases
+    assert (ph.start_ns, ph.end_ns) == (t0, 15) and ph.graph_ms == want_ms
+
+
+def test_graph_ms_of_a_host_clock_timer_maps_the_launch_with_its_offset():
+    drain = _drain()
+    timer = CpuTimer()
+    st = _step_with(timer, ("decode", True))
+    st.phases[0].t_start, st.phases[0].t_end = 100, 1_100_100
+    st.phases[0].launch_ns = 100_100
+    (ph,) = drain.resolve_step(st, timer).phases
+    assert ph.graph_ms == 1.0 and ph.start_ns == 100 + timer.offset
+
+
 # -- the timer's tokens: what is stopped, checked and released ---------------------------------------
 
 class TokenTimer:
@@ -447,7 +509,7 @@ def test_take_ready_resolves_in_order_and_releases_every_step_it_takes():
     steps, rows = collections.deque([a, b, c]), []
     assert drain.take_ready(steps, timer, 1_000, False, 10, rows) == 1  # b is not done: c waits behind it
     assert list(steps) == [b, c] and rows == [tuple(drain.resolve_step(a, timer))]
-    assert rows[0][8] == (("decode", 10, 15, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None),)
+    assert rows[0][8] == (("decode", 10, 15, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None, None),)
     assert timer.released == [(a.phases[0].t_start, a.phases[0].t_end)]
     assert drain.take_ready(steps, timer, 1_000, True, 1, rows) == 1 and list(steps) == [c]  # final; limit
     assert len(rows) == 2 and len(timer.released) == 2
@@ -485,7 +547,7 @@ def test_take_ready_asks_a_host_clock_timer_nothing():
     (row,) = rows
     off = timer.offset
     assert row[:8] == (1, off, 1_000 + off, "DECODE", 2, 2, 1e-3, "cpu") and row[9] is None
-    assert row[8] == (("decode", off, 1 + off, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None),)
+    assert row[8] == (("decode", off, 1 + off, False, "DECODE", 2, 2, 0.0, "t", None, None, None, None, None),)
 
 # -- readers: every spelling SGLang passes ---------------------------------------------------------
 

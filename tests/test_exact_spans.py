@@ -201,3 +201,14 @@ def test_the_step_starts_at_its_earliest_phase_and_unfinished_phases_are_skipped
     step, dec = build(st)
     assert (dec.start_time, dec.end_time) == (100 + OFFSET, 700 + OFFSET)
     assert (step.start_time, step.end_time) == (100 + OFFSET, 700 + OFFSET)
+
+
+def test_graph_ms_only_where_a_graph_was_launched():
+    from sgl_probe.resolved import ResolvedPhase, ResolvedStep
+
+    launched = ResolvedPhase("decode", 0, 2_000_000, True, "DECODE", 1, 1, 0.1, "t", graph_ms=1.25)
+    eager = ResolvedPhase("decode", 2_000_000, 3_000_000, False, "DECODE", 1, 1, 0.1, "t")
+    step = ResolvedStep(1, 0, 3_000_000, "DECODE", 1, 1, 0.3, "cuda", (launched, eager))
+    _, a, b = spans.build_step_spans(step, "run", {"tp_rank": 0}, {}, RES)
+    assert dict(a.attributes)[C.GRAPH_MS] == 1.25 and dict(a.attributes)[C.DURATION_MS] == 2.0
+    assert C.GRAPH_MS not in dict(b.attributes)

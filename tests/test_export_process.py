@@ -33,6 +33,11 @@ def _gone(pid: int) -> bool:
     return fields[0] in ("Z", "X") and int(fields[17]) <= 1
 
 
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[16])
+
+
 def _wait(cond, timeout: float, step: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -145,6 +150,8 @@ def test_no_exporter_outlives_its_server_process(tmp_path, sig):
         exporter = int(server.stdout.readline())
         assert server.stdout.readline().strip() == "received"
         assert not _gone(exporter)
+        # Background work: it yields the CPU to the server's processes on a busy host.
+        assert _nice(exporter) == min(19, _nice(server.pid) + 10)
         server.send_signal(sig)
         server.wait(30)
         assert _wait(lambda: _gone(exporter), 15), "exporter %d outlived its server" % exporter

@@ -159,6 +159,26 @@ def test_profiler_ratio_finds_the_clock_offset_and_the_kernel_envelope(tmp_path:
     assert r["ratio_of_sums"] == pytest.approx(1.0 / envelope, rel=1e-6)
 
 
+def test_profiler_ratio_judges_a_graph_phase_from_its_launch_too():
+    """A host-clock graph phase: 300 us of host input preparation (one 10 us copy at its start),
+    then the graph's kernels. The span is judged as it is, and from its graph's launch."""
+    base = 1_700_000_000_000_000_000
+    spans, kernels = [], []
+    for i in range(10):
+        s0 = base + i * 2_000_000
+        spans.append(_span("sglang.decode", i, True, s0, s0 + 1_000_000,
+                           **{"sgl_probe.start": "host_clock", "sgl_probe.graph_ms": 0.7}))
+        kernels.append((s0 + 5_000, s0 + 15_000))                   # the input copy
+        kernels += [(s0 + 310_000 + j * 140_000, s0 + 440_000 + j * 140_000) for j in range(5)]
+    r = analysis.profiler_ratio(spans, kernels)
+    whole, graph = r["by_phase"]["decode/host_clock"], r["by_phase"]["decode/graph_launch"]
+    assert whole["n"] == graph["n"] == 10
+    assert whole["kernel_envelope_p50_ms"] == pytest.approx(0.995, rel=1e-3)  # copy .. last kernel
+    assert graph["kernel_envelope_p50_ms"] == pytest.approx(0.69, rel=1e-3)   # the graph's kernels only
+    assert graph["ratio_of_sums"] == pytest.approx(0.7 / 0.69, rel=1e-3)
+    assert r["ratio_of_sums"] == pytest.approx(1.0 / 0.995, rel=1e-3)  # the launch rows are not in it
+
+
 def test_bootstrap_ratio_and_steady_state():
     r = analysis.bootstrap_ratio([100, 101, 99, 100, 102], [90, 91, 89, 90, 92])
     assert r["median_ratio"] == pytest.approx(0.9)

@@ -67,7 +67,7 @@ def wrapped(cls, attr: str) -> bool:
 
 def test_every_role_has_a_handler():
     assert set(HANDLERS) == set(targets.ROLES)
-    assert {r for r, h in HANDLERS.items() if h.hot} == {"step", "phase", "graph", "accept"}
+    assert {r for r, h in HANDLERS.items() if h.hot} == {"step", "phase", "graph", "graph_launch", "accept"}
 
 
 def test_uninstrument_disarms_import_hooks_and_instrument_works_again(package):

@@ -226,6 +226,14 @@ def profiler_ratio(spans: list[dict], kernels: list[tuple[int, int]],
         groups.setdefault(key, []).append((s["end"] - s["start"], k1 - k0))
     all_probe = sum(p for v in groups.values() for p, _ in v)
     all_kern = sum(k for v in groups.values() for _, k in v)
+    # The graph's own time (sgl_probe.graph_ms: from its launch to the phase's end) against the
+    # kernels in that window, with the clock offset found above; not part of the overall ratio,
+    # which keeps judging the spans' intervals.
+    launched = [dict(s, start=s["end"] - int(s["attrs"]["sgl_probe.graph_ms"] * 1e6),
+                     attrs=dict(s["attrs"], **{"sgl_probe.start": "graph_launch"}))
+                for s in ph if s["attrs"].get("sgl_probe.graph_ms") is not None]
+    for s, k0, k1, n in _assign(launched, starts, kernels, best):
+        groups.setdefault((s["name"][len("sglang."):], "graph_launch"), []).append((s["end"] - s["start"], k1 - k0))
     for (phase, start), v in sorted(groups.items()):
         out["by_phase"][f"{phase}/{start}"] = {
             "n": len(v), "probe_p50_ms": statistics.median(p for p, _ in v) / 1e6,

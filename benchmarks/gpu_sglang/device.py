@@ -648,17 +648,27 @@ def ab_judge(windows: dict) -> dict:
     return out
 
 
-def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0) -> dict:
-    """The tiny Llama at 16 concurrent requests, every step exported, with the probe recording vs
-    paused in alternating windows of the same server (no launch-to-launch spread), ``launches``
-    probe servers and one without the probe flipped the same way (A/A control)."""
+#: overhead_ab's probe servers by what they export: every step to OTLP/gRPC and a trace dir, to
+#: OTLP only, nothing (the summary line only). An empty SGL_PROBE_TRACE_DIR means none.
+AB_EXPORTS = ("probe", "otlp", "none")
+
+
+def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
+                      exports: tuple = ("probe",)) -> dict:
+    """The tiny Llama at 16 concurrent requests, with the probe recording vs paused in
+    alternating windows of the same server (no launch-to-launch spread): ``launches`` servers
+    exporting every step to OTLP and a trace dir, one server per other entry of ``exports``
+    (which splits the cost between the outputs), and one without the probe flipped the same way
+    (A/A control)."""
     received = str(out / "received_ab.jsonl")
     rec, endpoint = receiver(received)
     tiny = carry / "models/tiny-llama4-h256"
     plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    otlp = otlp_env(endpoint)
-    servers = [Server(f"ab_probe_{i}", 30300 + i, plain, probe=os.environ["GPU_BENCH_PROBE"], out=out, env=otlp,
-                      pausable=True) for i in range(launches)]
+    env = {"probe": otlp_env(endpoint), "otlp": {**otlp_env(endpoint), "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
+           "none": {"SGL_PROBE_TRACE_DIR": ""}}
+    names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
+    servers = [Server(name, 30300 + i, plain, probe=os.environ["GPU_BENCH_PROBE"], out=out,
+                      env=env[name.split("_")[1]], pausable=True) for i, name in enumerate(names)]
     servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
     windows: dict = {}
     try:
@@ -678,17 +688,20 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
         concurrent(lambda s: s.stop(), servers)
         rec.stdin.close()
         rec.wait(30)
-    verdict = {"probe": ab_judge({k: v for k, v in windows.items() if k.startswith("ab_probe")}),
-               "aa_control": ab_judge({k: v for k, v in windows.items() if k.startswith("ab_aa")})}
+    verdict = {e: ab_judge({k: v for k, v in windows.items() if k.startswith(f"ab_{e}_")})
+               for e in ("probe", "otlp", "none") if any(k.startswith(f"ab_{e}_") for k in windows)}
+    verdict["aa_control"] = ab_judge({k: v for k, v in windows.items() if k.startswith("ab_aa")})
     count_exported(verdict, servers, received)
     return {"windows": windows, "verdict": verdict}
 
 
-def suite_seed_overhead(carry: Path, out: Path, pairs: int) -> dict:
+def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0) -> dict:
     """The 32B-class config (GPU-bound, ~19 ms per decode step) with and without the probe, at
     batch 1 and batch 8: ``pairs`` launches of each, a pair at a time (two fit one H200 with a
     capped KV pool), each server measured alone while the other is stopped, the order swapped
-    every pair. The probe exports every step (OTLP/gRPC to a receiver process and a trace dir)."""
+    every pair. The probe exports every step (OTLP/gRPC to a receiver process and a trace dir).
+    ``first``: the first pair's number, so that calls can add pairs to an earlier call's
+    (``summarize.py`` judges them together)."""
     received = str(out / "received_seed.jsonl")
     rec, endpoint = receiver(received)
     big = carry / "models/seed32b"
@@ -699,7 +712,7 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int) -> dict:
     raw: dict = {}
     spans: dict = {}
     try:
-        for i in range(pairs):
+        for i in range(first, first + pairs):
             if late():
                 log(f"deadline: pairs {i}.. not run")
                 break
@@ -773,6 +786,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tag", default="run")
     ap.add_argument("--pairs", type=int, default=12, help="overhead_ab: window pairs per server")
     ap.add_argument("--window-s", type=float, default=3.0, help="overhead_ab: seconds per window")
+    ap.add_argument("--first-pair", type=int, default=0, help="seed_overhead: number of the first pair")
+    ap.add_argument("--ab-exports", default="probe",
+                    help="overhead_ab: comma-separated from %s (one server each beyond --launches)" % (AB_EXPORTS,))
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
                     help="stop measuring after this many seconds, keeping what was measured")
     args = ap.parse_args(argv)
@@ -788,9 +804,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             elif suite == "seed":
                 res = suite_seed(args.carry, args.out)
             elif suite == "overhead_ab":
-                res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s)
+                res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
+                                        tuple(args.ab_exports.split(",")))
             elif suite == "seed_overhead":
-                res = suite_seed_overhead(args.carry, args.out, args.launches)
+                res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair)
             elif suite == "overhead":
                 res = suite_full(args.carry, args.out, args.launches, correct=False)
             else:

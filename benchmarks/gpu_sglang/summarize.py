@@ -43,6 +43,27 @@ def _probe_names(received: dict | None) -> dict | None:
     return out
 
 
+def merge_seed_overheads(parts: list[dict]) -> dict | None:
+    """seed_overhead results of several calls (``--first-pair`` keeps their launches apart),
+    judged together as one alternation."""
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import device
+
+    raw = {k: v for p in parts for k, v in p.get("raw", {}).items()}
+    verdict = {f"bs{bs}": device.judge({k: v for k, v in raw.items() if f"_bs{bs}_" in k},
+                                       [f"seedoff_bs{bs}", f"seedon_bs{bs}"]) for bs in (1, 8)}
+    verdict["decode_spans_in_trace_dirs"] = {k: v for p in parts
+                                             for k, v in p["verdict"].get("decode_spans_in_trace_dirs", {}).items()}
+    received: dict = {}
+    for p in parts:
+        for k, n in (p["verdict"].get("received_spans") or {}).items():
+            received[k] = received.get(k, 0) + n
+    verdict["received_spans"] = received
+    return {"raw": raw, "verdict": verdict}
+
+
 def summarize(run: str, dirs: list[str]) -> dict:
     suites: dict = {}
     machine = ""
@@ -52,7 +73,7 @@ def summarize(run: str, dirs: list[str]) -> dict:
             if "correct" in data or "overhead" in data:  # the "full" suite nests both
                 suites.update({k: v for k, v in data.items() if k in ("correct", "overhead")})
             elif Path(path).stem.endswith("_seed_overhead"):
-                suites["seed_overhead"] = data
+                suites.setdefault("seed_overheads", []).append(data)
             elif Path(path).stem.endswith("_overhead_ab"):
                 suites["overhead_ab"] = data
             else:
@@ -101,7 +122,7 @@ def summarize(run: str, dirs: list[str]) -> dict:
         out["overhead"]["tok_s_per_launch"] = v.get("tok_s_per_launch")
         out["overhead"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
-    so = suites.get("seed_overhead")
+    so = merge_seed_overheads(suites.get("seed_overheads") or [])
     if so:
         v = so.get("verdict", {})
         out["overhead_seed32b"] = {
@@ -113,6 +134,8 @@ def summarize(run: str, dirs: list[str]) -> dict:
     if ab:
         v = ab.get("verdict", {})
         out["overhead_in_server"] = {"probe_recording_over_paused": (v.get("probe") or {}).get("all_pairs"),
+                                     "otlp_only_recording_over_paused": (v.get("otlp") or {}).get("all_pairs"),
+                                     "no_export_recording_over_paused": (v.get("none") or {}).get("all_pairs"),
                                      "aa_control": (v.get("aa_control") or {}).get("all_pairs"),
                                      "received_spans": _probe_names(v.get("received_spans")),
                                      "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}

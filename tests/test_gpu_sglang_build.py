@@ -179,6 +179,22 @@ def test_profiler_ratio_judges_a_graph_phase_from_its_launch_too():
     assert r["ratio_of_sums"] == pytest.approx(1.0 / 0.995, rel=1e-3)  # the launch rows are not in it
 
 
+def test_graph_launches_pairs_each_launch_call_with_its_first_kernel(tmp_path: Path):
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 100.0 * i, "dur": 20.0 + i,
+               "args": {"correlation": i}} for i in range(10)]
+    events += [{"ph": "X", "cat": "kernel", "name": "k", "ts": 100.0 * i + 30 + i + j * 5, "dur": 2.0,
+                "args": {"correlation": i}} for i in range(10) for j in range(3)]
+    events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5.0, "dur": 3.0,
+                   "args": {"correlation": 99}})
+    events.append({"ph": "X", "cat": "kernel", "name": "eager", "ts": 6.0, "dur": 1.0, "args": {"correlation": 99}})
+    path = tmp_path / "g.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    r = analysis.graph_launches(str(path))
+    assert (r["launches"], r["with_kernels"]) == (10, 10)
+    assert r["call_us"]["p50"] == pytest.approx(24.5) and r["to_first_kernel_us"]["p50"] == pytest.approx(34.5)
+    assert r["to_first_kernel_us"]["p10"] == 31.0 and r["to_first_kernel_us"]["p90"] == 39.0
+
+
 def test_bootstrap_ratio_and_steady_state():
     r = analysis.bootstrap_ratio([100, 101, 99, 100, 102], [90, 91, 89, 90, 92])
     assert r["median_ratio"] == pytest.approx(0.9)

@@ -294,6 +294,7 @@ def profile(srv: Server, name: str, out: Path) -> dict:
     kernels = analysis.read_kernels(str(files[0]))
     spans = [s for s in wait_spans(srv.trace_dir) if s["start"] >= before]
     res = analysis.profiler_ratio(spans, kernels)
+    res["graph_launches"] = analysis.graph_launches(str(files[0]))
     res["kernels"] = len(kernels)
     res["trace_file"] = files[0].name
     return res

@@ -93,7 +93,9 @@ result["tool"] = "mutmut 3 (benchmarks/mutation.sh)"
 mods = result.setdefault("modules", {})
 for mod in modules:
     meta = pathlib.Path("mutants") / (mod + ".meta")
-    codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+    if not meta.exists():
+        continue  # not mutated in this work dir (a retest of a partial run): keep its last result
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
     mods[mod.removeprefix("sgl_probe/")] = {
         "killed": sum(1 for v in codes.values() if v in KILLED), "total": len(codes),
         "timeout": sum(1 for v in codes.values() if v in (36, 24, -24, 152, 255)),

@@ -313,6 +313,7 @@ def test_graph_launch_notes_the_first_launch_of_the_open_phase_only(monkeypatch)
     def body(worker, batch):
         assert launch("g1") == "launched"
         assert launch("g2", 7, k=1) == "launched"  # a second graph (breakable graphs): not the start
+        assert launch("g3", 8) == "launched"
         return NS(can_run_cuda_graph=True)
 
     forward = rig.rec.phase_method(Hook(FORWARD), body)
@@ -320,7 +321,7 @@ def test_graph_launch_notes_the_first_launch_of_the_open_phase_only(monkeypatch)
     ph = rig.rec.steps[-1].phases[-1]
     # step entry 1000, phase entry 2000, first launch 3000, phase end 4000 ...
     assert (ph.host0, ph.launch_ns) == (2_000, 3_000)
-    assert calls[1:] == [("g1", (), {}), ("g2", (7,), {"k": 1})]
+    assert calls[1:] == [("g1", (), {}), ("g2", (7,), {"k": 1}), ("g3", (8,), {})]
     rig.decode_step(2, result=NS(can_run_cuda_graph=False))
     assert rig.rec.steps[-1].phases[-1].launch_ns == 0  # no launch in that phase
     off = Hook(LAUNCH)
@@ -344,6 +345,27 @@ def test_graph_ms_runs_from_the_launch_or_the_gpu_start_whichever_is_later(launc
     st.phases[0].launch_ns = launch
     (ph,) = drain.resolve_step(st, timer).phases
     assert (ph.start_ns, ph.end_ns) == (t0, 15) and ph.graph_ms == want_ms
+
+
+def test_graph_ms_of_a_gpu_timer_maps_the_launch_through_its_wall_clock():
+    """The launch is a host-clock reading: a GPU timer maps it with ``wall``, as it maps a
+    host-clock start (its ``offset`` is not used)."""
+    drain = _drain()
+
+    class Shifted(TokenTimer):
+        offset = 5
+
+        def interval(self, start, end):
+            return 1_000 + start[1] * 10, 1_000 + end[1] * 10 + 5
+
+        def wall(self, host_ns):
+            return host_ns + 1_000
+
+    timer = Shifted()
+    st = _step_with(timer, ("decode", True))
+    st.phases[0].launch_ns = 12  # wall 1012; the phase runs 1010 .. 1015
+    (ph,) = drain.resolve_step(st, timer).phases
+    assert ph.graph_ms == 0.000003
 
 
 def test_graph_ms_of_a_host_clock_timer_maps_the_launch_with_its_offset():

@@ -188,13 +188,15 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
     """Spans carrying keys this report has never seen (every OTLP value kind, an unknown kind,
     malformed values) read exactly as without them; ``sglang.no_graph_reason`` and
     ``sgl_probe.start`` are shown per phase, also after a round trip through Jaeger JSON."""
-    from sgl_probe.contract import NO_GRAPH_REASON, PHASES, START, phase_span
+    from sgl_probe.contract import DURATION_MS, GRAPH_MS, NO_GRAPH_REASON, PHASES, START, phase_span
+    from sgl_probe.stats import median
 
     PHASE_SPANS = {phase_span(p) for p in PHASES}
 
     files = copy_dir(spec_dir, tmp_path / "n")
     stripped = copy_dir(spec_dir, tmp_path / "o")  # as from a probe that records neither
     host_clock = 0
+    before_launch: dict = {}  # phase -> ms before the graph's launch, per launched call
     for f in files + stripped:
         new = f in files
         out_lines = []
@@ -216,6 +218,10 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
                         start = "host_clock" if sp["name"] == "sglang.decode" else "gpu_event"
                         host_clock += start == "host_clock"
                         attrs.append({"key": START, "value": {"stringValue": start}})
+                        if graph and sp["name"] in ("sglang.decode", "sglang.draft"):
+                            ms = next(a["value"]["doubleValue"] for a in attrs if a["key"] == DURATION_MS)
+                            attrs.append({"key": GRAPH_MS, "value": {"doubleValue": ms / 4}})
+                            before_launch.setdefault(sp["name"][7:], []).append((ms - ms / 4, ms / 4))
                         if not graph:
                             reason = "graphs_disabled" if sp["name"] == "sglang.verify" else "mode_not_captured"
                             attrs.append({"key": NO_GRAPH_REASON, "value": {"stringValue": reason}})
@@ -236,6 +242,12 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
     assert graphs["draft"]["graph"] == 1.0 and graphs["draft"]["no_graph_reasons"] == {}
     assert graphs["decode"]["start"] == {"host_clock": 1.0} and graphs["verify"]["start"] == {"gpu_event": 1.0}
     assert host_clock == graphs["decode"]["calls"] == 12
+    for phase in ("decode", "draft"):  # where a graph phase's time went, every launched call
+        calls = before_launch[phase]
+        assert graphs[phase]["graph_launch"] == {
+            "calls": len(calls), "before_launch_p50_ms": pytest.approx(median(b for b, _ in calls)),
+            "graph_p50_ms": pytest.approx(median(g for _, g in calls))}
+    assert "graph_launch" not in graphs["verify"] and "graph_launch" not in graphs["extend"]
     # Spans from a probe that records neither attribute: the reason is "not recorded".
     assert main(["report", str(tmp_path / "o"), "--json"]) == 0
     old = {g["phase"]: g for g in json.loads(capsys.readouterr().out)["graphs"]}
@@ -244,7 +256,8 @@ def test_new_attribute_keys_and_graph_reasons(spec_dir, tmp_path, capsys):
     rc, out, err = report(capsys, str(tmp_path / "n"))
     assert rc == 0 and err == ""
     assert "  verify:       no graph in 100.0 % of calls: graphs_disabled 100.0 %; start gpu_event 100.0 %" in out
-    assert "  decode:       start host_clock 100.0 %" in out
+    assert "  decode:       start host_clock 100.0 %; graph launched " in out
+    assert "ms after the call, graph" in out
     rc, out, _ = report(capsys, str(tmp_path / "o"))
     assert "CUDA graphs" not in out  # nothing recorded: no section
 

@@ -149,6 +149,9 @@ class Aggregator:
         self.fingerprints: dict[RankKey, dict] = {}  # the sgl_probe.fingerprint span's attributes
         self.t_min: Optional[int] = None
         self.t_max: Optional[int] = None
+        # phase -> (graph ms, ms before the graph's launch) of the graph phases that carry
+        # sgl_probe.graph_ms; every call, warm-up included: the report shows medians.
+        self.graph_launch: dict[str, tuple[array, array]] = {}
         # Filled by finish():
         self.starts: dict[tuple, int] = {}  # (phase, start kind) -> calls
         self.no_graph: dict[tuple, int] = {}  # (phase, reason or None) -> calls without a graph
@@ -192,7 +195,7 @@ class Aggregator:
         if phase is None:
             self._add_other(span)
             return
-        ms, graph, bs, idx, timer, rkey, mode, ntok, start, reason = phase_fields(span)
+        ms, graph, bs, idx, timer, rkey, mode, ntok, start, reason, graph_ms = phase_fields(span)
         rank = self._rank(span, rkey)
         self.n_phase_spans += 1
         if span.error:
@@ -203,6 +206,12 @@ class Aggregator:
             ms = num(ms)
             if ms is None:
                 ms = max(0, span.end_ns - span.start_ns) / 1e6
+        if graph_ms is not None:
+            launch = self.graph_launch.get(phase)
+            if launch is None:
+                launch = self.graph_launch[phase] = (array("d"), array("d"))
+            launch[0].append(graph_ms)
+            launch[1].append(ms - graph_ms)
         buckets = self._buckets
         b = buckets.get(bs)
         if b is None:
@@ -329,6 +338,13 @@ class Aggregator:
             else:
                 mine[0].extend(vals)
                 mine[1].extend(idxs)
+        for phase, (alone, before) in other.graph_launch.items():
+            mine = self.graph_launch.get(phase)
+            if mine is None:
+                self.graph_launch[phase] = (alone, before)
+            else:
+                mine[0].extend(alone)
+                mine[1].extend(before)
         for key, arr in other.by_step.items():
             mine = self.by_step.get(key)
             if mine is None:

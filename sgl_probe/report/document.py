@@ -10,7 +10,7 @@ from sgl_probe.contract import PHASES
 from sgl_probe.report import speculative, stragglers
 from sgl_probe.report.aggregate import Aggregator
 from sgl_probe.report.model import Problems
-from sgl_probe.stats import WARMUP_RULE, bucket_order, describe
+from sgl_probe.stats import WARMUP_RULE, bucket_order, describe, median
 
 SCHEMA = 1
 
@@ -134,10 +134,16 @@ def graph_usage(agg: Aggregator) -> list[dict]:
             continue
         reasons = {(r if r is not None else NOT_RECORDED): k / n for (p, r), k in agg.no_graph.items() if p == phase}
         starts = {s: k / n for (p, s), k in agg.starts.items() if p == phase}
-        out.append({"phase": phase, "calls": n, "graph": 1.0 - sum(reasons.values()),
-                    "no_graph_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
-                    "start": dict(sorted(starts.items(), key=lambda kv: -kv[1])),
-                    "recorded": bool(starts) or any(r != NOT_RECORDED for r in reasons)})
+        row = {"phase": phase, "calls": n, "graph": 1.0 - sum(reasons.values()),
+               "no_graph_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+               "start": dict(sorted(starts.items(), key=lambda kv: -kv[1])),
+               "recorded": bool(starts) or any(r != NOT_RECORDED for r in reasons)}
+        launch = agg.graph_launch.get(phase)
+        if launch is not None and len(launch[0]):
+            # Where a graph phase's time goes: host work before the graph's launch, the graph.
+            row["graph_launch"] = {"calls": len(launch[0]), "before_launch_p50_ms": median(launch[1]),
+                                   "graph_p50_ms": median(launch[0])}
+        out.append(row)
     return out
 
 

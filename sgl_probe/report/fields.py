@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from sgl_probe.contract import (ACCEPT_LENGTH, BATCH_SIZE, CUDA_GRAPH, DURATION_MS, FORWARD_MODE,
+from sgl_probe.contract import (ACCEPT_LENGTH, BATCH_SIZE, CUDA_GRAPH, DURATION_MS, FORWARD_MODE, GRAPH_MS,
                                 NO_GRAPH_REASON, NUM_TOKENS, RANKS, SPAN_PREFIX, START, STEP_INDEX, TIMER)
 from sgl_probe.report.anyvalue import any_value
 from sgl_probe.report.model import Span
@@ -87,7 +87,8 @@ def accept_length(span: Span) -> Optional[float]:
 
 def phase_fields(span: Span) -> tuple:
     """(ms, graph, batch size, step index, timer, rank cache key, forward mode, token count,
-    start kind, no-graph reason) of a phase span. The raw path reads the usual shapes inline."""
+    start kind, no-graph reason, graph ms) of a phase span. The raw path reads the usual shapes
+    inline."""
     raw = span.raw
     if raw is not None:
         get = raw.get
@@ -120,12 +121,17 @@ def phase_fields(span: Span) -> tuple:
             v = get(NO_GRAPH_REASON)
             x = v.get("stringValue") if type(v) is dict else None
             reason = x if type(x) is str else (_raw_str(v) if v else None)
-        return ms, graph, bs, idx, timer, key, mode, ntok, start, reason
+            graph_ms = None
+        else:
+            v = get(GRAPH_MS)
+            graph_ms = None if v is None else num(_raw_value(v, "doubleValue"))
+        return ms, graph, bs, idx, timer, key, mode, ntok, start, reason, graph_ms
     a = span.attrs
     graph = a.get(CUDA_GRAPH) is True
     return (a.get(DURATION_MS), graph, integer(a.get(BATCH_SIZE)), integer(a.get(STEP_INDEX)), a.get(TIMER),
             (a.get(TP), a.get(DP), a.get(PP)), _text(a.get(FORWARD_MODE)), integer(a.get(NUM_TOKENS)),
-            _text(a.get(START)), None if graph else _text(a.get(NO_GRAPH_REASON)))
+            _text(a.get(START)), None if graph else _text(a.get(NO_GRAPH_REASON)),
+            num(a.get(GRAPH_MS)) if graph else None)
 
 
 def step_fields(span: Span) -> tuple:

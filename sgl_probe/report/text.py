@@ -89,12 +89,17 @@ def graph_section(rows: list[dict]) -> list[str]:
                         ", ".join(f"{k} {_pct(v)}" for k, v in r["no_graph_reasons"].items()))
         if r["start"]:
             bits.append("start " + ", ".join(f"{k} {_pct(v)}" for k, v in r["start"].items()))
+        g = r.get("graph_launch")
+        if g:
+            bits.append(f"graph launched {_ms(g['before_launch_p50_ms'])} ms after the call, "
+                        f"graph {_ms(g['graph_p50_ms'])} ms (p50)")
         if bits:
             out.append(f"  {r['phase'] + ':':<13} " + "; ".join(bits))
     if not out:
         return []
     head = ["CUDA graphs (share of each phase's calls; host_clock start: the GPU was idle at the call, "
-            "so the time includes the launch latency):"]
+            "so the time includes the launch latency; a graph launched late: SGLang's host-side "
+            "preparation left the GPU waiting):"]
     return head + out
 
 

@@ -195,7 +195,8 @@ def test_find_def(qualname, want):
 def test_the_graph_launch_row_is_a_plain_method_of_the_torch_sglang_runs_on():
     """torch's ``CUDAGraph.replay`` is wrapped as a hot (plain-function) role: a torch that made it
     a descriptor or moved it would leave graph phases without ``sgl_probe.graph_ms``. Checked in
-    the SGLang 0.5.23 harness venv (its torch), with the probe's own resolver."""
+    the SGLang 0.5.23 harness venv (its torch, without the probe installed: the same test as
+    ``instrument.resolve`` / ``_plain_method``, inline)."""
     import subprocess
     import sys
 
@@ -203,11 +204,11 @@ def test_the_graph_launch_row_is_a_plain_method_of_the_torch_sglang_runs_on():
     python = root.parents[3] / "bin" / "python"
     (row,) = [t for t in targets.TARGETS if t.role == "graph_launch"]
     assert HANDLERS[row.role].hot and row.module == "torch.cuda.graphs"
-    code = ("import sys, importlib; sys.path.insert(0, %r)\n"
-            "from sgl_probe.instrument import _plain_method, resolve\n"
-            "m = importlib.import_module(%r); owner, attr = resolve(m, %r)\n"
-            "print(owner is m.CUDAGraph and _plain_method(owner, attr))"
-            % (str(Path(__file__).resolve().parents[1]), row.module, row.qualname))
+    cls, attr = row.qualname.split(".")
+    code = ("import importlib, types\n"
+            "m = importlib.import_module(%r); owner = getattr(m, %r, None)\n"
+            "print(isinstance(owner, type) and type(vars(owner).get(%r)) is types.FunctionType)"
+            % (row.module, cls, attr))
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "True"

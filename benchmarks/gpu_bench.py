@@ -137,6 +137,9 @@ def print_table(r: dict) -> None:
             "%s %.4f [%.4f, %.4f]%s" % (labels.get(k, k), v["median_ratio"], *v["ci95"],
                                         "" if k not in judged else (" met" if v["ci95"][1] <= target else " MISSED"))
             for k, v in rv.items())))
+        p99 = (x.get("p99_step_ratio_vs_untimed") or {}).get("probe")
+        if p99 is not None:
+            print("%-24s p99 step on/off %.4f%s" % ("", p99, " met" if p99 <= 1.01 else " MISSED"))
     for name, x in (r.get("accuracy") or {}).items():
         if isinstance(x, dict) and "probe_over_kernel_sum" in x:
             print("accuracy %-24s per-step median: probe/kernel-sum %s, probe/envelope %s; means: probe %.3f ms, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Optional
 
 import gpu_common as gc
 from gpu_bench_env import RESULTS, Env, log
@@ -121,6 +122,9 @@ class Shape:
         # Schedulers are built after instrumenting, so the identity hook sees them, as in SGLang.
         self.s = {v: cls(None, tp_rank=0) for v, cls in self.sched.items()}
         self.steps_run = {v: 0 for v in self.s}
+        # Per step, the host time from one step's return to the next's (the loop's cadence; on
+        # a GPU-bound loop the host is throttled to the GPU's pace): p99 on vs off.
+        self.step_s: dict = {v: [] for v in self.s}
         self.settle_cpu: list = []  # process CPU seconds the full probe still spent after each block
 
     def block(self, variant: str, n: int, cpu_us: float) -> float:
@@ -129,13 +133,17 @@ class Shape:
         b = self.batch
         if variant == "probe_hot_2ev" and self.probe_2ev.recorder.timer is not None:
             self.probe_2ev.recorder.timer.host_starts = False  # the timer is made at the first step
+        perf = time.perf_counter
+        stamps = [0.0] * (n + 1)
         env.sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
+        t0 = stamps[0] = perf()
+        for i in range(1, n + 1):
             f(b)
             gc.spin_us(cpu_us)
+            stamps[i] = perf()
         env.sync()
         dt = time.perf_counter() - t0
+        self.step_s[variant].extend(stamps[i] - stamps[i - 1] for i in range(1, n + 1))
         self.steps_run[variant] += n
         if variant == "probe_hot":
             self.probe_hot.pipeline.drain()  # outside the timed region: hot path only
@@ -163,6 +171,19 @@ class Shape:
 ALL_VARIANTS = ("untimed", "probe", "probe_hot", "sync")
 
 
+def step_quantiles(step_s: list) -> Optional[list]:
+    """[p50, p99] of per-step host times, in ms (None without steps)."""
+    if not step_s:
+        return None
+    s = sorted(step_s)
+    return [s[len(s) // 2] * 1e3, s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3]
+
+
+def p99_ratio(on: list, off: list) -> Optional[float]:
+    a, b = step_quantiles(on), step_quantiles(off)
+    return a[1] / b[1] if a and b and b[1] > 0 else None
+
+
 def section_loops(env: Env, rcv: gc.ReceiverProcess, shapes: dict, budget_s: float, cpu_us: float,
                   variants=ALL_VARIANTS, max_rounds: int = 150) -> dict:
     out = {}
@@ -178,6 +199,7 @@ def section_loops(env: Env, rcv: gc.ReceiverProcess, shapes: dict, budget_s: flo
             rounds, n = 12, 5
         for v in variants:  # warm-up, also creates the probe's first events and anchor
             sh.block(v, n, cpu_us)
+            sh.step_s[v].clear()
         times = {v: [] for v in variants}
         for i in range(rounds):
             for v in gc.rotation(variants, i):
@@ -194,6 +216,9 @@ def section_loops(env: Env, rcv: gc.ReceiverProcess, shapes: dict, budget_s: flo
             "probe_settle_cpu_us_per_step_median": statistics.median(sh.settle_cpu[1:]) / n * 1e6
             if len(sh.settle_cpu) > 1 else None,
             "steps_run": dict(sh.steps_run), "wall_s": None,
+            "step_ms_p50_p99": {v: step_quantiles(sh.step_s[v]) for v in variants},
+            "p99_step_ratio_vs_untimed": {v: p99_ratio(sh.step_s[v], sh.step_s["untimed"]) for v in variants
+                                          if v != "untimed"} if "untimed" in variants else None,
         }
         sh.close()
         out[name]["wall_s"] = time.perf_counter() - t_start

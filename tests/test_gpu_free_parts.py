@@ -493,3 +493,15 @@ def test_kernel_event_parser(tmp_path):
     p = tmp_path / "t.json"
     p.write_text(json.dumps(trace))
     assert gpu_bench._kernel_events(str(p)) == [(2.0, 1.0), (10.0, 5.0)]
+
+
+def test_loop_step_quantiles_and_p99_ratio():
+    _bench()
+    import gpu_bench_loops as loops
+
+    steps = [0.001] * 98 + [0.003, 0.010]  # seconds; p99 is sorted[int(0.99 n)]
+    assert loops.step_quantiles(steps) == pytest.approx([1.0, 10.0])
+    assert loops.step_quantiles(steps[:99]) == pytest.approx([1.0, 3.0])
+    assert loops.step_quantiles([]) is None
+    assert loops.p99_ratio(steps, [0.002] * 100) == pytest.approx(5.0)
+    assert loops.p99_ratio([], steps) is None and loops.p99_ratio(steps, [0.0]) is None

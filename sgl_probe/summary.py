@@ -3,8 +3,11 @@ collector at all, why phases ran without a CUDA graph, and the live speculative-
 once verify steps with accept lengths and a decode time have been seen, e.g.
 
     sgl-probe summary [tp_rank=0 dp_rank=0 pp_rank=0]: decode n=12 p50=12.10ms p90=12.30ms
-    graph=100% | verify n=310 p50=29.00ms p90=29.80ms graph=0% (graphs_disabled) warm-up=1 |
-    verdict from medians, 1 warm-up call left out | spec 0.69× vs graph decode (τ 2.0, ...)
+    graph=100% launch@0.35ms | verify n=310 p50=29.00ms p90=29.80ms graph=0% (graphs_disabled)
+    warm-up=1 | verdict from medians, 1 warm-up call left out | spec 0.69× vs graph decode (τ 2.0, ...)
+
+``launch@`` (graph phases that carry ``sgl_probe.graph_ms``): how long after the call the graph
+was launched, median over the window: the host-side preparation the GPU waited for.
 
 Times are over the window's steady calls: warm-up calls (:func:`sgl_probe.stats.is_warmup`) are
 counted in ``n`` and named, never in p50 / p90 or the verdict. The verdict math is
@@ -36,6 +39,7 @@ class Summary:
         self.ident = ident
         self._window: dict[str, list[tuple]] = {}
         self._accept: list[float] = []
+        self._launch: dict[str, list[float]] = {}  # phase -> ms from the call to its graph's launch
         self._seen: set = set()
         # Survives the window: a spec server may decode plainly only now and then (or never:
         # then the verdict needs `sgl-probe report --baseline`). First calls are kept out.
@@ -50,8 +54,14 @@ class Summary:
             return
         seen = self._seen
         window = self._window
-        for phase, t0, t1, graph, mode, bs, ntok, _host, _target, accept, _start, reason, _err, _graph_ms in phases:
+        launch = self._launch
+        for phase, t0, t1, graph, mode, bs, ntok, _host, _target, accept, _start, reason, _err, graph_ms in phases:
             ms = (t1 - t0) / 1e6
+            if graph_ms is not None:
+                got = launch.get(phase)
+                if got is None:
+                    got = launch[phase] = []
+                got.append(ms - graph_ms)
             # sgl_probe.stats.shape_key, inline: this runs for every phase of every step
             key = (phase, mode, bs, graph, (ntok - 1).bit_length() if type(ntok) is int and ntok > 0 else None)
             first = key not in seen and len(seen) < MAX_SHAPES
@@ -132,6 +142,9 @@ class Summary:
             graph = sum(1 for it in items if it[_GRAPH]) / len(items)
             part = (f"{phase} n={len(items)} p50={percentile(ms, .5):.2f}ms "
                     f"p90={percentile(ms, .9):.2f}ms graph={graph:.0%}{_reasons(items)}")
+            launch = self._launch.get(phase)
+            if launch:  # the host's share of a graph phase: its graph started this late (p50)
+                part += f" launch@{median(launch):.2f}ms"
             parts.append(part + (f" warm-up={warm}" if warm else ""))
         try:
             v = self.verdict(steady)
@@ -158,6 +171,7 @@ class Summary:
         out = self.line(dropped, by)
         self._window = {}
         self._accept = []
+        self._launch = {}
         return out
 
 

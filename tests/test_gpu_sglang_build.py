@@ -203,6 +203,20 @@ def test_bootstrap_ratio_and_steady_state():
     assert analysis.phase_p50(first_uses, "decode") == pytest.approx(1 / 1e6)
 
 
+def test_seed_verdict_judges_the_probe_and_sglangs_own_against_the_same_off_launches():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang"))
+    import device
+
+    raw = {"seedoff_bs1_0": {"tok_s": [50.0, 50.0]}, "seedon_bs1_0": {"tok_s": [49.0, 49.0]},
+           "seedoff_bs1_1": {"tok_s": [50.0]}, "seedobs_bs1_1": {"tok_s": [40.0]},
+           "seedoff_bs8_0": {"tok_s": [300.0]}, "seedon_bs8_0": {"tok_s": [297.0]}}
+    v = device.seed_verdict(raw)
+    assert v["bs1"]["seedon_bs1"]["median_ratio"] == pytest.approx(0.98)
+    assert v["bs1"]["seedobs_bs1"]["median_ratio"] == pytest.approx(0.8)
+    assert v["bs1"]["tok_s_per_launch"]["seedoff_bs1"] == [50.0, 50.0]
+    assert "seedobs_bs8" not in v["bs8"] and v["bs8"]["seedon_bs8"]["median_ratio"] == pytest.approx(0.99)
+
+
 def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang"))
     import device

@@ -696,13 +696,15 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     return {"windows": windows, "verdict": verdict}
 
 
-def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0) -> dict:
+def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0, obs: bool = False) -> dict:
     """The 32B-class config (GPU-bound, ~19 ms per decode step) with and without the probe, at
     batch 1 and batch 8: ``pairs`` launches of each, a pair at a time (two fit one H200 with a
     capped KV pool), each server measured alone while the other is stopped, the order swapped
     every pair. The probe exports every step (OTLP/gRPC to a receiver process and a trace dir).
     ``first``: the first pair's number, so that calls can add pairs to an earlier call's
-    (``summarize.py`` judges them together)."""
+    (``summarize.py`` judges them together). ``obs``: the second server of each pair runs
+    SGLang's own observability instead of the probe (metrics with its device timer, request
+    tracing to the same receiver): the alternative a user would pick, on the same config."""
     received = str(out / "received_seed.jsonl")
     rec, endpoint = receiver(received)
     big = carry / "models/seed32b"
@@ -718,7 +720,13 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0) -> d
                 log(f"deadline: pairs {i}.. not run")
                 break
             off = Server(f"seedoff_{i}", 30200 + 2 * i, args, probe=None, out=out)
-            on = Server(f"seedon_{i}", 30201 + 2 * i, args, probe=os.environ["GPU_BENCH_PROBE"], out=out, env=otlp)
+            if obs:
+                on = Server(f"seedobs_{i}", 30201 + 2 * i, args + ["--enable-metrics", "--enable-trace",
+                                                                   "--otlp-traces-endpoint", endpoint],
+                            probe=None, out=out, env={"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", **BSP_ENV})
+            else:
+                on = Server(f"seedon_{i}", 30201 + 2 * i, args, probe=os.environ["GPU_BENCH_PROBE"], out=out,
+                            env=otlp)
             try:
                 on.start(), off.start()
                 ok = {s.name: s.wait_ready(330) for s in (on, off)}
@@ -739,15 +747,27 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0) -> d
             finally:
                 for s in (on, off):
                     s.stop()
-            spans[on.name] = decode_spans(on)
+            if on.probe:
+                spans[on.name] = decode_spans(on)
     finally:
         rec.stdin.close()
         rec.wait(30)
-    verdict = {f"bs{bs}": judge({k: v for k, v in raw.items() if f"_bs{bs}_" in k}, [f"seedoff_bs{bs}", f"seedon_bs{bs}"])
-               for bs in (1, 8)}
+    verdict = seed_verdict(raw)
     verdict["decode_spans_in_trace_dirs"] = spans
     verdict["received_spans"] = _received_names(received)
     return {"raw": raw, "verdict": verdict}
+
+
+def seed_verdict(raw: dict) -> dict:
+    """Per batch size: the probe's and SGLang's own observability's launches (where run) against
+    the no-probe launches of the same alternation."""
+    out = {}
+    for bs in (1, 8):
+        rows = {k: v for k, v in raw.items() if f"_bs{bs}_" in k}
+        configs = [f"seedoff_bs{bs}"] + [c for c in (f"seedon_bs{bs}", f"seedobs_bs{bs}")
+                                         if any(k.rsplit("_", 1)[0] == c for k in rows)]
+        out[f"bs{bs}"] = judge(rows, configs)
+    return out
 
 
 def _received_names(path: str) -> dict:
@@ -788,6 +808,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--pairs", type=int, default=12, help="overhead_ab: window pairs per server")
     ap.add_argument("--window-s", type=float, default=3.0, help="overhead_ab: seconds per window")
     ap.add_argument("--first-pair", type=int, default=0, help="seed_overhead: number of the first pair")
+    ap.add_argument("--sglang-obs", action="store_true",
+                    help="seed_overhead: pair each no-probe server with SGLang's own observability instead")
     ap.add_argument("--ab-exports", default="probe",
                     help="overhead_ab: comma-separated from %s (one server each beyond --launches)" % (AB_EXPORTS,))
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
@@ -808,7 +830,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
                                         tuple(args.ab_exports.split(",")))
             elif suite == "seed_overhead":
-                res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair)
+                res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":
                 res = suite_full(args.carry, args.out, args.launches, correct=False)
             else:

@@ -52,8 +52,7 @@ def merge_seed_overheads(parts: list[dict]) -> dict | None:
     import device
 
     raw = {k: v for p in parts for k, v in p.get("raw", {}).items()}
-    verdict = {f"bs{bs}": device.judge({k: v for k, v in raw.items() if f"_bs{bs}_" in k},
-                                       [f"seedoff_bs{bs}", f"seedon_bs{bs}"]) for bs in (1, 8)}
+    verdict = device.seed_verdict(raw)
     verdict["decode_spans_in_trace_dirs"] = {k: v for p in parts
                                              for k, v in p["verdict"].get("decode_spans_in_trace_dirs", {}).items()}
     received: dict = {}

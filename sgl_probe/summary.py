@@ -57,7 +57,7 @@ class Summary:
         launch = self._launch
         for phase, t0, t1, graph, mode, bs, ntok, _host, _target, accept, _start, reason, _err, graph_ms in phases:
             ms = (t1 - t0) / 1e6
-            if graph_ms is not None:
+            if graph_ms is not None and graph:  # as the report: SGLang's graph flag decides
                 got = launch.get(phase)
                 if got is None:
                     got = launch[phase] = []

@@ -258,10 +258,11 @@ def test_summary_line_has_no_verdict_until_there_is_one():
 def test_summary_line_says_how_late_graph_phases_launched_their_graph():
     s = Summary(30, {"tp_rank": 0})
     launched = [phase("decode", ms, True)._replace(graph_ms=0.4) for ms in (1.2, 1.3, 1.4)]
-    s.add(launched + [phase("decode", 9.0, False, reason="batch_too_large"), phase("extend", 5.0, False)])
+    s.add(launched + [phase("decode", 9.0, False, reason="batch_too_large"), phase("extend", 5.0, False),
+                      phase("extend", 5.0, False)._replace(graph_ms=1.0)])  # a launch SGLang calls no graph
     line = s.line()
     # (1.2, 1.3, 1.4) - 0.4: median 0.90; the eager calls and the eager phase carry none
-    assert ": decode n=4 p50=1.40ms p90=9.00ms graph=75% (batch_too_large) launch@0.90ms | extend n=1 " in line
+    assert ": decode n=4 p50=1.40ms p90=9.00ms graph=75% (batch_too_large) launch@0.90ms | extend n=2 " in line
     assert "launch@" not in line.split("| extend")[1]
     s._last -= s.every_ns  # the window is due
     assert s.maybe_line() is not None and s._launch == {}  # every window starts afresh

@@ -217,6 +217,21 @@ def test_seed_verdict_judges_the_probe_and_sglangs_own_against_the_same_off_laun
     assert "seedobs_bs8" not in v["bs8"] and v["bs8"]["seedon_bs8"]["median_ratio"] == pytest.approx(0.99)
 
 
+def test_summary_reports_the_cores_each_role_kept_busy_per_window_kind(tmp_path: Path):
+    import summarize
+
+    busy = [{"recording": True, "scheduler": 1.0, "exporter": 0.2, "other": 0.5},
+            {"recording": True, "scheduler": 0.8, "exporter": 0.4, "other": 0.3},
+            {"recording": False, "scheduler": 0.9, "exporter": 0.0, "other": 0.5}]
+    doc = {"windows": {"ab_probe_0": {"recording": [1.0], "paused": [1.0], "cores_busy": busy},
+                       "ab_aa_0": {"recording": [1.0], "paused": [1.0]}}, "verdict": {}}
+    (tmp_path / "gpu_sglang_rX_overhead_ab.json").write_text(json.dumps(doc))
+    got = summarize.summarize("t", [str(tmp_path)])["overhead_in_server"]["cores_busy_p50"]
+    assert got == {"ab_probe_0": {"scheduler_recording": pytest.approx(0.9), "scheduler_paused": 0.9,
+                                  "exporter_recording": pytest.approx(0.3), "exporter_paused": 0.0,
+                                  "other_recording": pytest.approx(0.4), "other_paused": 0.5}}
+
+
 def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang"))
     import device

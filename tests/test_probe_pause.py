@@ -76,3 +76,26 @@ def test_controller_finds_schedulers_by_title_and_waits_for_their_state(tmp_path
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_group_cpu_is_summed_by_role_within_the_group_only():
+    control = _load("control")
+    assert control.role_of(b"sglang::scheduler_TP0", b"sglang::scheduler_TP0\0") == "scheduler"
+    assert control.role_of(b"/usr/bin/python3", b"/usr/bin/python3\0-m\0sgl_probe.exporter_main\0"
+                                                b"7\0123\0") == "exporter"
+    assert control.role_of(b"sglang::detokenizer", b"sglang::detokenizer\0") == "other"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
+    # The group's leader burns 0.6 s as "the exporter"; a process outside the group burns too.
+    leader = subprocess.Popen(["python3", "-c", burn, "sgl_probe.exporter_main"], start_new_session=True)
+    outside = subprocess.Popen(["python3", "-c", burn], start_new_session=True)
+    try:
+        end = time.monotonic() + 20
+        got = control.group_cpu_s(leader.pid)
+        while time.monotonic() < end and got["exporter"] < 0.55:
+            time.sleep(0.1)
+            got = control.group_cpu_s(leader.pid)
+        assert 0.55 <= got["exporter"] < 1.5 and got["scheduler"] == 0.0 and got["other"] == 0.0
+    finally:
+        for p in (leader, outside):
+            p.kill()
+            p.wait()

@@ -616,7 +616,7 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float)
     if not pids:
         return {"error": "no sglang::scheduler process"}
     throughput(srv, conc, tokens, rounds=1, min_s=1.0)  # warm-up
-    rec, paused = [], []
+    rec, paused, cpu = [], [], []
     for i in range(pairs):
         if late():
             break
@@ -624,13 +624,18 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float)
         for recording in ((True, False) if i % 2 == 0 else (False, True)):
             pause.set_recording(pids, recording, srv.pause_dir)
             time.sleep(0.3)
+            c0, t0 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
             got[recording] = statistics.median(throughput(srv, conc, tokens, rounds=1, min_s=window_s)["tok_s"])
+            c1, t1 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
+            # Cores each role kept busy during the window (the exporter's share says whether its
+            # CPU can be what the recording windows lose).
+            cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1}})
         rec.append(got[True])
         paused.append(got[False])
         log(f"{srv.name} pair {i}: recording {got[True]:.0f} paused {got[False]:.0f} tok/s "
             f"ratio {got[True] / got[False]:.4f}")
     pause.set_recording(pids, True, srv.pause_dir)
-    return {"recording": rec, "paused": paused, "schedulers": len(pids)}
+    return {"recording": rec, "paused": paused, "schedulers": len(pids), "cores_busy": cpu}
 
 
 def ab_judge(windows: dict) -> dict:

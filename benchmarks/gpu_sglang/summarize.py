@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -138,6 +139,13 @@ def summarize(run: str, dirs: list[str]) -> dict:
                                      "aa_control": (v.get("aa_control") or {}).get("all_pairs"),
                                      "received_spans": _probe_names(v.get("received_spans")),
                                      "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}
+        busy = {name: {f"{role}_{'recording' if rec else 'paused'}":
+                       statistics.median(c[role] for c in w["cores_busy"] if c["recording"] is rec)
+                       for role in ("scheduler", "exporter", "other") for rec in (True, False)
+                       if any(c["recording"] is rec for c in w["cores_busy"])}
+                for name, w in (ab.get("windows") or {}).items() if w.get("cores_busy")}
+        if busy:  # cores each role kept busy, median over the windows of each kind
+            out["overhead_in_server"]["cores_busy_p50"] = busy
     return out
 
 

@@ -30,6 +30,35 @@ def scheduler_pids(pgid: int) -> list[int]:
     return sorted(out)
 
 
+def role_of(title: bytes, cmdline: bytes) -> str:
+    """``scheduler``, ``exporter`` (the probe's exporter process) or ``other`` (launcher,
+    tokenizer, detokenizer), from a process's title (first argv entry) and whole command line."""
+    if title.startswith(b"sglang::scheduler"):
+        return "scheduler"
+    if b"sgl_probe.exporter_main" in cmdline:
+        return "exporter"
+    return "other"
+
+
+def group_cpu_s(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) the processes of group ``pgid`` have used, summed by
+    :func:`role_of`. Differences of two calls give what each role spent in between."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"scheduler": 0.0, "exporter": 0.0, "other": 0.0}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path("/proc", entry, "stat").read_text().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:
+                continue
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        out[role_of(cmdline.split(b"\0")[0], cmdline)] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def state(folder: Path, pid: int) -> str | None:
     try:
         return (folder / str(pid)).read_text()

@@ -62,6 +62,16 @@ def _grow(arr: array, idx: int, fill) -> None:
         arr.extend(array(arr.typecode, [fill]) * n)
 
 
+def _fold_pair(into: dict, key: Any, pair: tuple[array, array]) -> None:
+    """Append a pair of parallel arrays to ``into[key]``'s (taking the pair itself when new)."""
+    mine = into.get(key)
+    if mine is None:
+        into[key] = pair
+    else:
+        mine[0].extend(pair[0])
+        mine[1].extend(pair[1])
+
+
 def _merge_dense(dst: array, src: array, absent, add: bool, lo: int = 0) -> None:
     """Fold ``src`` into ``dst`` by index (from ``lo``, below which ``src`` holds nothing): absent
     slots take the other's value; where both are present, durations add (a phase called in two
@@ -331,20 +341,10 @@ class Aggregator:
         self.unknown_names.update(other.unknown_names)
         self.errors.update(other.errors)
         self.timers.update(other.timers)
-        for key, (vals, idxs) in other.shapes.items():
-            mine = self.shapes.get(key)
-            if mine is None:
-                self.shapes[key] = (vals, idxs)
-            else:
-                mine[0].extend(vals)
-                mine[1].extend(idxs)
-        for phase, (alone, before) in other.graph_launch.items():
-            mine = self.graph_launch.get(phase)
-            if mine is None:
-                self.graph_launch[phase] = (alone, before)
-            else:
-                mine[0].extend(alone)
-                mine[1].extend(before)
+        for key, pair in other.shapes.items():
+            _fold_pair(self.shapes, key, pair)
+        for phase, pair in other.graph_launch.items():
+            _fold_pair(self.graph_launch, phase, pair)
         for key, arr in other.by_step.items():
             mine = self.by_step.get(key)
             if mine is None:
@@ -461,12 +461,7 @@ class Aggregator:
                 self.starts[(phase, start)] = self.starts.get((phase, start), 0) + len(vals)
             if not graph:
                 self.no_graph[(phase, reason)] = self.no_graph.get((phase, reason), 0) + len(vals)
-            mine = shapes.get(key[:7])
-            if mine is None:
-                shapes[key[:7]] = (vals, idxs)
-            else:
-                mine[0].extend(vals)
-                mine[1].extend(idxs)
+            _fold_pair(shapes, key[:7], (vals, idxs))
         self.shapes = shapes
         firsts = {key: idxs.index(min(idxs)) for key, (_v, idxs) in shapes.items()}
         # Shapes called once compare with their (phase, graph, rank)'s other calls; collected

@@ -158,36 +158,46 @@ def count_agreement(spans: list[dict], counts: dict, spec: bool = False) -> dict
 
 # ---- torch profiler ------------------------------------------------------------------------
 
-def read_kernels(path: str) -> list[tuple[int, int]]:
-    """GPU kernel intervals (epoch ns) from a Kineto chrome trace (``.json`` or ``.json.gz``)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        doc = json.load(fh)
+#: Kineto event categories that are GPU work.
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def load_trace(trace: "str | dict") -> dict:
+    """A Kineto chrome trace (``.json`` or ``.json.gz``) by path, or one already loaded (a
+    profile's trace is large: load it once for every reader below)."""
+    if isinstance(trace, dict):
+        return trace
+    opener = gzip.open if trace.endswith(".gz") else open
+    with opener(trace, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def read_kernels(trace: "str | dict") -> list[tuple[int, int]]:
+    """GPU kernel intervals (epoch ns) from a Kineto chrome trace (:func:`load_trace`)."""
+    doc = load_trace(trace)
     base = int(doc.get("baseTimeNanoseconds") or 0)
     out = []
     for ev in doc.get("traceEvents", ()):
-        if ev.get("ph") == "X" and ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if ev.get("ph") == "X" and ev.get("cat") in GPU_CATEGORIES:
             t0 = base + int(round(float(ev["ts"]) * 1000))
             out.append((t0, t0 + int(round(float(ev.get("dur", 0)) * 1000))))
     out.sort()
     return out
 
 
-def graph_launches(path: str) -> dict:
+def graph_launches(trace: "str | dict") -> dict:
     """How the profiler itself sees each CUDA graph launch: the ``cudaGraphLaunch`` runtime
     call's duration and the time from its start to the graph's first kernel (Kineto's own host
     and GPU clocks; kernels matched to their launch by correlation id), p50 / p10 / p90 in µs.
     Under the profiler these include its per-node instrumentation of the graph."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        events = json.load(fh).get("traceEvents", ())
+    events = load_trace(trace).get("traceEvents", ())
     launch = {e["args"]["correlation"]: (float(e["ts"]), float(e.get("dur", 0))) for e in events
               if e.get("cat") == "cuda_runtime" and "GraphLaunch" in e.get("name", "")
               and "correlation" in e.get("args", {})}
     first: dict = {}
     for e in events:
         c = e.get("args", {}).get("correlation")
-        if c in launch and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if c in launch and e.get("cat") in GPU_CATEGORIES:
             first[c] = min(first.get(c, float("inf")), float(e["ts"]))
 
     def q(vals: list) -> Optional[dict]:

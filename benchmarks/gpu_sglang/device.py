@@ -291,10 +291,11 @@ def profile(srv: Server, name: str, out: Path) -> dict:
     if not files:
         return {"error": "no profiler trace written"}
     time.sleep(2)
-    kernels = analysis.read_kernels(str(files[0]))
+    trace = analysis.load_trace(str(files[0]))
+    kernels = analysis.read_kernels(trace)
     spans = [s for s in wait_spans(srv.trace_dir) if s["start"] >= before]
     res = analysis.profiler_ratio(spans, kernels)
-    res["graph_launches"] = analysis.graph_launches(str(files[0]))
+    res["graph_launches"] = analysis.graph_launches(trace)
     res["kernels"] = len(kernels)
     res["trace_file"] = files[0].name
     return res

@@ -11,23 +11,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def scheduler_pids(pgid: int) -> list[int]:
-    """Processes of process group ``pgid`` that SGLang titled ``sglang::scheduler...``."""
-    out = []
+def _group(pgid: int):
+    """(pid, /proc stat fields after the command name, command line) of each process of group
+    ``pgid``. The command name (stat field 2) may hold spaces, so the fields are split after it:
+    the group is field 5, index 2 here."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            stat = Path("/proc", entry, "stat").read_text()
-            # pgid is field 5; the command name (field 2) may hold spaces, so split after it
-            if int(stat.rpartition(")")[2].split()[2]) != pgid:
+            fields = Path("/proc", entry, "stat").read_text().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:
                 continue
-            title = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")[0]
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if title.startswith(b"sglang::scheduler"):
-            out.append(int(entry))
-    return sorted(out)
+        yield int(entry), fields, cmdline
 
 
 def role_of(title: bytes, cmdline: bytes) -> str:
@@ -40,22 +38,22 @@ def role_of(title: bytes, cmdline: bytes) -> str:
     return "other"
 
 
+def _role(cmdline: bytes) -> str:
+    return role_of(cmdline.split(b"\0")[0], cmdline)
+
+
+def scheduler_pids(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` that SGLang titled ``sglang::scheduler...``."""
+    return sorted(pid for pid, _, cmdline in _group(pgid) if _role(cmdline) == "scheduler")
+
+
 def group_cpu_s(pgid: int) -> dict[str, float]:
     """CPU seconds (user + system) the processes of group ``pgid`` have used, summed by
     :func:`role_of`. Differences of two calls give what each role spent in between."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {"scheduler": 0.0, "exporter": 0.0, "other": 0.0}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path("/proc", entry, "stat").read_text().rpartition(")")[2].split()
-            if int(fields[2]) != pgid:
-                continue
-            cmdline = Path("/proc", entry, "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        out[role_of(cmdline.split(b"\0")[0], cmdline)] += (int(fields[11]) + int(fields[12])) / tick
+    for _, fields, cmdline in _group(pgid):
+        out[_role(cmdline)] += (int(fields[11]) + int(fields[12])) / tick
     return out
 
 

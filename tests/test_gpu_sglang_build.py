@@ -245,3 +245,84 @@ def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():
     assert "broken" not in v["per_server"]
     assert v["all_pairs"]["pairs"] == 4 and v["all_pairs"]["median_ratio"] == pytest.approx((0.98 + 0.99) / 2)
     assert device.ab_judge({}) == {"per_server": {}}
+
+
+def test_window_tokens_spreads_each_request_evenly_over_its_interval():
+    sys.path.insert(0, str(GPU))
+    import device
+
+    done = [(0.0, 1.0, 100), (0.5, 1.5, 100), (2.0, 3.0, 10), (1.0, 1.0, 5)]
+    assert device.window_tokens(done, 0.0, 1.0) == pytest.approx(100 + 50)
+    assert device.window_tokens(done, 0.75, 1.25) == pytest.approx(25 + 50)
+    assert device.window_tokens(done, 1.5, 2.0) == 0.0
+    assert device.window_tokens(done, -5, 5) == pytest.approx(210)  # a zero-length request adds nothing
+
+
+def test_steady_load_keeps_every_worker_busy_and_times_the_streamed_gaps():
+    """Against a local HTTP stand-in for SGLang's /generate (each request takes ~0.1 s, the
+    streamed one sends 5 chunks 20 ms apart): no round barrier, so the rate over a window is
+    workers x tokens / request time, and the streamed worker's gaps are the chunk gaps."""
+    import http.server
+    import threading
+    import time
+
+    sys.path.insert(0, str(GPU))
+    import device
+
+    class Generate(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            n = body["sampling_params"]["max_new_tokens"]
+            self.send_response(200)
+            self.end_headers()
+            if body.get("stream"):
+                for _ in range(5):
+                    time.sleep(0.02)
+                    self.wfile.write(b"data: {}\n\n")
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+            else:
+                time.sleep(0.1)
+                self.wfile.write(json.dumps({"text": "x", "meta_info": {"completion_tokens": n}}).encode())
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Generate)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    srv = object.__new__(device.Server)
+    srv.port = httpd.server_address[1]
+    try:
+        load = device.SteadyLoad(srv, 4, 10).start()
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        time.sleep(1.0)
+        t1 = time.perf_counter()
+        load.stop()
+    finally:
+        httpd.shutdown()
+    assert load.errors == 0
+    # 3 plain workers at ~10 tokens / 0.1 s, the streamed one at 10 tokens / 0.1 s.
+    assert 250 < load.rate(t0, t1) < 420
+    gaps = load.gaps_in([(t0, t1)])
+    assert gaps and 0.015 < sorted(gaps)[len(gaps) // 2] < 0.06
+    assert load.gaps_in([]) == []
+
+
+def test_seed_overhead_gives_sglangs_own_observability_both_orders_in_the_same_alternation():
+    sys.path.insert(0, str(GPU))
+    import device
+
+    assert [device.second_server(i, True) for i in range(8)] == ["probe", "probe", "obs", "obs"] * 2
+    assert {device.second_server(i, False) for i in range(8)} == {"probe"}
+
+
+def test_in_process_ab_judge_gives_the_p99_step_ratio_where_the_load_streamed():
+    sys.path.insert(0, str(GPU))
+    import device
+
+    w = {"ab_probe_0": {"recording": [99.0], "paused": [100.0], "p99_step_ms": {"recording": 2.2, "paused": 2.0}},
+         "ab_probe_1": {"recording": [99.0], "paused": [100.0], "p99_step_ms": {"recording": None, "paused": 2.0}}}
+    v = device.ab_judge(w)
+    assert v["per_server"]["ab_probe_0"]["p99_step_ratio"] == pytest.approx(1.1)
+    assert "p99_step_ratio" not in v["per_server"]["ab_probe_1"]

@@ -610,33 +610,120 @@ def suite_full(carry: Path, out: Path, launches: int, correct: bool = True) -> d
     return res
 
 
+class SteadyLoad:
+    """``conc`` workers, each sending its next greedy request as soon as its last one returns:
+    no round barrier. (A round of ``conc`` requests sent together ends with its slowest one, so
+    how the requests happen to arrive decides the round's time: on the launch-bound tiny server
+    ~0.3 s rounds ranged 2,215-9,090 tok/s.) Each request's host interval and token count are
+    kept; the tokens of a time window are each request's tokens spread evenly over its interval.
+    Worker 0 streams, and its chunk gaps (with their times) are the step times."""
+
+    def __init__(self, srv: Server, conc: int, tokens: int) -> None:
+        self.srv, self.conc, self.tokens = srv, conc, tokens
+        self.done: list = []  # (t0, t1, tokens)
+        self.gaps: list = []  # (t, gap)
+        self.errors = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(conc)]
+
+    def _one(self, i: int, n: int) -> int:
+        if i:
+            return self.srv.generate(f"steady {i} {n} the quick brown fox", self.tokens, True).get("tokens") or 0
+        body = {"text": f"steady {n} stream", "stream": True,
+                "sampling_params": {"temperature": 0, "max_new_tokens": self.tokens, "ignore_eos": True}}
+        req = urllib.request.Request(self.srv.base + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        last, chunks = None, 0
+        with OPENER.open(req, timeout=300) as r:
+            for line in r:
+                if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
+                    now = time.perf_counter()
+                    if last is not None:
+                        self.gaps.append((now, now - last))
+                    last, chunks = now, chunks + 1
+        return self.tokens if chunks else 0
+
+    def _worker(self, i: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            t0 = time.perf_counter()
+            try:
+                got = self._one(i, n)
+            except Exception:
+                self.errors += 1
+                time.sleep(0.05)
+                continue
+            self.done.append((t0, time.perf_counter(), got))
+
+    def start(self) -> "SteadyLoad":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=300)
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Output tokens per second inside [t0, t1]."""
+        return window_tokens(self.done, t0, t1) / (t1 - t0)
+
+    def gaps_in(self, spans: list) -> list:
+        return [g for t, g in self.gaps if any(a <= t <= b for a, b in spans)]
+
+
+def window_tokens(done: list, t0: float, t1: float) -> float:
+    """Tokens produced in [t0, t1] by requests (start, end, tokens), each request's tokens
+    spread evenly over its interval."""
+    total = 0.0
+    for a, b, n in done:
+        lo, hi = max(a, t0), min(b, t1)
+        if hi > lo and b > a:
+            total += n * (hi - lo) / (b - a)
+    return total
+
+
 def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float) -> dict:
     """One server, the probe recording and paused in alternating windows (ABBA), each window
-    ``window_s`` of ``conc`` concurrent requests; adjacent windows form a pair."""
+    ``window_s`` of a steady load of ``conc`` concurrent requests (:class:`SteadyLoad`, running
+    through every window: a flip does not drain the server); adjacent windows form a pair."""
     pids = pause.scheduler_pids(srv.proc.pid)
     if not pids:
         return {"error": "no sglang::scheduler process"}
-    throughput(srv, conc, tokens, rounds=1, min_s=1.0)  # warm-up
-    rec, paused, cpu = [], [], []
-    for i in range(pairs):
-        if late():
-            break
-        got = {}
-        for recording in ((True, False) if i % 2 == 0 else (False, True)):
-            pause.set_recording(pids, recording, srv.pause_dir)
-            time.sleep(0.3)
-            c0, t0 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
-            got[recording] = statistics.median(throughput(srv, conc, tokens, rounds=1, min_s=window_s)["tok_s"])
-            c1, t1 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
-            # Cores each role kept busy during the window (the exporter's share says whether its
-            # CPU can be what the recording windows lose).
-            cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1}})
+    load = SteadyLoad(srv, conc, tokens).start()
+    time.sleep(2.0)  # warm-up
+    spans: list = []  # (recording, t0, t1)
+    cpu = []
+    try:
+        for i in range(pairs):
+            if late():
+                break
+            for recording in ((True, False) if i % 2 == 0 else (False, True)):
+                pause.set_recording(pids, recording, srv.pause_dir)
+                time.sleep(0.2)  # requests in flight finish their step under the new state
+                c0, t0 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
+                time.sleep(window_s)
+                c1, t1 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
+                spans.append((recording, t0, t1))
+                # Cores each role kept busy during the window (the exporter's share says whether
+                # its CPU can be what the recording windows lose).
+                cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1}})
+    finally:
+        load.stop()
+        pause.set_recording(pids, True, srv.pause_dir)
+    rec, paused = [], []
+    for j in range(0, len(spans) - 1, 2):
+        got = {r: load.rate(t0, t1) for r, t0, t1 in spans[j:j + 2]}
         rec.append(got[True])
         paused.append(got[False])
-        log(f"{srv.name} pair {i}: recording {got[True]:.0f} paused {got[False]:.0f} tok/s "
+        log(f"{srv.name} pair {j // 2}: recording {got[True]:.0f} paused {got[False]:.0f} tok/s "
             f"ratio {got[True] / got[False]:.4f}")
-    pause.set_recording(pids, True, srv.pause_dir)
-    return {"recording": rec, "paused": paused, "schedulers": len(pids), "cores_busy": cpu}
+    p99 = {r: analysis.percentile(load.gaps_in([(a, b) for s, a, b in spans if s is r]), 0.99) for r in (True, False)}
+    return {"recording": rec, "paused": paused, "schedulers": len(pids), "cores_busy": cpu,
+            "load": "steady", "requests": len(load.done), "request_errors": load.errors,
+            "p99_step_ms": {"recording": p99[True] and p99[True] * 1e3, "paused": p99[False] and p99[False] * 1e3}}
 
 
 def ab_judge(windows: dict) -> dict:
@@ -649,6 +736,9 @@ def ab_judge(windows: dict) -> dict:
             continue
         every += r
         out["per_server"][name] = analysis.bootstrap_ratio([1.0] * len(r), r)
+        p99 = w.get("p99_step_ms") or {}
+        if p99.get("recording") and p99.get("paused"):
+            out["per_server"][name]["p99_step_ratio"] = p99["recording"] / p99["paused"]
     if every:
         out["all_pairs"] = analysis.bootstrap_ratio([1.0] * len(every), every)
         out["all_pairs"]["pairs"] = len(every)
@@ -708,9 +798,10 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0, obs:
     capped KV pool), each server measured alone while the other is stopped, the order swapped
     every pair. The probe exports every step (OTLP/gRPC to a receiver process and a trace dir).
     ``first``: the first pair's number, so that calls can add pairs to an earlier call's
-    (``summarize.py`` judges them together). ``obs``: the second server of each pair runs
-    SGLang's own observability instead of the probe (metrics with its device timer, request
-    tracing to the same receiver): the alternative a user would pick, on the same config."""
+    (``summarize.py`` judges them together). ``obs``: SGLang's own observability (metrics with its
+    device timer, request tracing to the same receiver), the alternative a user would pick, in
+    the same alternation: pairs 2-3 of every four run it instead of the probe (see
+    :func:`second_server`)."""
     received = str(out / "received_seed.jsonl")
     rec, endpoint = receiver(received)
     big = carry / "models/seed32b"
@@ -726,7 +817,7 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0, obs:
                 log(f"deadline: pairs {i}.. not run")
                 break
             off = Server(f"seedoff_{i}", 30200 + 2 * i, args, probe=None, out=out)
-            if obs:
+            if second_server(i, obs) == "obs":
                 on = Server(f"seedobs_{i}", 30201 + 2 * i, args + ["--enable-metrics", "--enable-trace",
                                                                    "--otlp-traces-endpoint", endpoint],
                             probe=None, out=out, env={"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", **BSP_ENV})
@@ -762,6 +853,13 @@ def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0, obs:
     verdict["decode_spans_in_trace_dirs"] = spans
     verdict["received_spans"] = _received_names(received)
     return {"raw": raw, "verdict": verdict}
+
+
+def second_server(pair: int, obs: bool) -> str:
+    """What the second server of a seed_overhead pair runs: the probe, or with ``obs`` SGLang's
+    own observability in pairs 2-3 of every four. Pairs alternate which server is measured first
+    (even: the no-probe one), so each kind gets both orders."""
+    return "obs" if obs and (pair // 2) % 2 == 1 else "probe"
 
 
 def seed_verdict(raw: dict) -> dict:
@@ -815,7 +913,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--window-s", type=float, default=3.0, help="overhead_ab: seconds per window")
     ap.add_argument("--first-pair", type=int, default=0, help="seed_overhead: number of the first pair")
     ap.add_argument("--sglang-obs", action="store_true",
-                    help="seed_overhead: pair each no-probe server with SGLang's own observability instead")
+                    help="seed_overhead: SGLang's own observability instead of the probe in pairs 2-3 of every 4")
     ap.add_argument("--ab-exports", default="probe",
                     help="overhead_ab: comma-separated from %s (one server each beyond --launches)" % (AB_EXPORTS,))
     ap.add_argument("--deadline-s", type=float, default=float("inf"),

@@ -5,6 +5,9 @@ One per server process, started by it (:mod:`sgl_probe.exporter_process`) with
 ``python -m sgl_probe.exporter_main FD SERVER_PID``. It never outlives that process: it exits
 when the link closes (the server exited, however it exited) or, checked every second, when the
 server is no longer its parent; either way it first flushes what it has, for a bounded time.
+A second without a message from the server (it is idle) also flushes: SGLang ends a server by
+SIGKILL to every descendant of its launcher (``kill_process_tree``), this process included, and
+spans still in an SDK batch at that moment would be lost uncounted.
 Ctrl-C reaches the whole process group: this process ignores it and lets the server decide.
 """
 
@@ -23,6 +26,8 @@ STATS_EVERY_S = 0.5
 #: Larger than any message the server's socket lets through (its send buffer is capped lower).
 RECV_BUFFER = 8 << 20
 FLUSH_ON_EXIT_S = 5.0
+#: A link quiet for this long means the server is idle: export what is batched.
+IDLE_FLUSH_S = 1.0
 #: Added to the server's nice value: on a host whose cores SGLang's own processes keep busy, the
 #: scheduler wins the CPU over span encoding; an exporter that falls behind fills the link, and
 #: the server drops (and counts) what does not fit rather than wait.
@@ -40,6 +45,13 @@ class Exporter:
         self.received = 0
         self._last_stats = 0.0
         self._stats_sent: Optional[tuple] = None
+        self.unflushed = False  # spans handed to the SDK since the last flush
+
+    def idle(self) -> None:
+        """The link was quiet for :data:`IDLE_FLUSH_S`: export what the SDK still batches."""
+        if self.unflushed and self.sink is not None:
+            self.unflushed = False
+            self.sink.flush(FLUSH_ON_EXIT_S)
 
     def stats(self) -> tuple:
         sink = self.sink
@@ -59,16 +71,19 @@ class Exporter:
             if self.sink is not None:
                 run_id, ident, spec = self.meta[0], self.meta[1], self.meta[2]
                 self.sink.steps(steps, run_id, ident, spec, self.resource, kept_slow)
+                self.unflushed = True
         elif kind == wire.ENV:
             attrs, when_ns, name = payload
             self.received += 1
             if self.sink is not None:
                 self.sink.offer([spans_mod.build_env_span(attrs, when_ns, self.meta[0], self.meta[1],
                                                            self.resource, name)])
+                self.unflushed = True
         elif kind == wire.META:
             self._set_meta(payload)
         elif kind == wire.FLUSH:
             if self.sink is not None:
+                self.unflushed = False
                 self.sink.flush(FLUSH_ON_EXIT_S)
             self._send(wire.FLUSHED, (payload, self.stats()))
         elif kind == wire.STOP:
@@ -117,7 +132,7 @@ def serve(sock: socket.socket, server_pid: int) -> None:
     from sgl_probe import wire
 
     exporter = Exporter(sock)
-    sock.settimeout(1.0)
+    sock.settimeout(IDLE_FLUSH_S)
     buf = bytearray(RECV_BUFFER)
     view = memoryview(buf)
     try:
@@ -139,6 +154,8 @@ def serve(sock: socket.socket, server_pid: int) -> None:
                     log.warning("sgl-probe exporter: dropping a message: %r", exc)
             elif os.getppid() != server_pid:
                 break
+            else:
+                exporter.idle()
             exporter.maybe_stats()
     finally:
         exporter.finish()

@@ -151,6 +151,9 @@ class Server:
             return
         self.stopped = True
         self.resume()
+        # A paused server's last steps are still on their way to its exporter process, which
+        # flushes once the link is quiet: SGLang's shutdown SIGKILLs it (kill_process_tree).
+        time.sleep(2.0)
         self.signal(signal.SIGTERM)
         try:
             self.proc.wait(20)

@@ -1,0 +1,51 @@
+"""The exporter process when SGLang ends the server: SGLang's ``kill_process_tree`` sends SIGKILL
+to every descendant of its launcher, the probe's exporter process included, with no warning. What
+the exporter had when the server went idle must already be out by then."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.test_export_process import _ORPHAN_SCRIPT, _gone, _wait
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _decode_spans(path: Path) -> int:
+    if not path.exists():
+        return 0
+    n = 0
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                n += sum(1 for sp in ss["spans"] if sp["name"] == "sglang.decode")
+    return n
+
+
+def test_an_idle_server_s_spans_are_out_before_a_sigkill_of_the_whole_tree(tmp_path):
+    # The SDK's own batching would hold them for a minute: only the idle flush writes them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
+    env.update({"SGL_PROBE_TRACE_DIR": str(tmp_path), "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_DRAIN_S": "3600",
+                "OTEL_BSP_SCHEDULE_DELAY": "60000"})
+    server = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT.format(root=str(ROOT))], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    trace = tmp_path / ("sgl-probe-%d.jsonl" % server.pid)
+    try:
+        exporter = int(server.stdout.readline())
+        assert server.stdout.readline().strip() == "received"
+        assert _wait(lambda: _decode_spans(trace) == 7, 10), "the idle exporter did not flush"
+        assert not _gone(exporter) and server.poll() is None  # written while both were alive
+        for pid in (exporter, server.pid):  # kill_process_tree: SIGKILL, children first
+            os.kill(pid, signal.SIGKILL)
+        server.wait(30)
+        assert _wait(lambda: _gone(exporter), 15)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert _decode_spans(trace) == 7

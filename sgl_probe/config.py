@@ -27,6 +27,7 @@ class Config:
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
     max_pending: int = 8192
     drain_interval_s: float = 0.2
+    idle_flush_s: float = 1.0  # the exporter process's quiet-link flush
     nccl_confirm: bool = False
     metrics: str = "auto"  # auto (what SGLang's --enable-metrics / OTEL_* ask for) | off
     problems: tuple[str, ...] = field(default=(), compare=False)
@@ -114,6 +115,8 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         max_pending=get("SGL_PROBE_MAX_PENDING", _parse_pos_int, defaults.max_pending, "an integer > 0"),
         drain_interval_s=get("SGL_PROBE_DRAIN_S", _parse_pos_float, defaults.drain_interval_s,
                              "a number of seconds > 0"),
+        idle_flush_s=get("SGL_PROBE_IDLE_FLUSH_S", _parse_pos_float, defaults.idle_flush_s,
+                         "a number of seconds > 0"),
         nccl_confirm=get("SGL_PROBE_NCCL_CONFIRM", _parse_bool, False, "1/true/yes/on or 0/false/no/off"),
         metrics=get("SGL_PROBE_METRICS", _parse_choice(("auto", "off")), "auto", "auto, off"),
         problems=tuple(problems),

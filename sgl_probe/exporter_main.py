@@ -2,10 +2,10 @@
 through the OpenTelemetry SDK (:class:`sgl_probe.sinks.SpanSink`).
 
 One per server process, started by it (:mod:`sgl_probe.exporter_process`) with
-``python -m sgl_probe.exporter_main FD SERVER_PID``. It never outlives that process: it exits
+``python -m sgl_probe.exporter_main FD SERVER_PID [IDLE_FLUSH_S]``. It never outlives that process: it exits
 when the link closes (the server exited, however it exited) or, checked every second, when the
 server is no longer its parent; either way it first flushes what it has, for a bounded time.
-A second without a message from the server (it is idle) also flushes: SGLang ends a server by
+A second (``SGL_PROBE_IDLE_FLUSH_S``) without a message from the server (it is idle) also flushes: SGLang ends a server by
 SIGKILL to every descendant of its launcher (``kill_process_tree``), this process included, and
 spans still in an SDK batch at that moment would be lost uncounted.
 Ctrl-C reaches the whole process group: this process ignores it and lets the server decide.
@@ -26,7 +26,8 @@ STATS_EVERY_S = 0.5
 #: Larger than any message the server's socket lets through (its send buffer is capped lower).
 RECV_BUFFER = 8 << 20
 FLUSH_ON_EXIT_S = 5.0
-#: A link quiet for this long means the server is idle: export what is batched.
+#: A link quiet for this long means the server is idle: export what is batched (the server's
+#: ``SGL_PROBE_IDLE_FLUSH_S`` overrides it).
 IDLE_FLUSH_S = 1.0
 #: Added to the server's nice value: on a host whose cores SGLang's own processes keep busy, the
 #: scheduler wins the CPU over span encoding; an exporter that falls behind fills the link, and
@@ -128,11 +129,13 @@ class Exporter:
         t.join(FLUSH_ON_EXIT_S)
 
 
-def serve(sock: socket.socket, server_pid: int) -> None:
+def serve(sock: socket.socket, server_pid: int, idle_flush_s: float = IDLE_FLUSH_S) -> None:
     from sgl_probe import wire
 
     exporter = Exporter(sock)
-    sock.settimeout(IDLE_FLUSH_S)
+    # Also the period of the check on the server: it is never longer than a second.
+    sock.settimeout(min(idle_flush_s, 1.0))
+    quiet_since = time.monotonic()
     buf = bytearray(RECV_BUFFER)
     view = memoryview(buf)
     try:
@@ -146,6 +149,7 @@ def serve(sock: socket.socket, server_pid: int) -> None:
             if n == 0:  # every copy of the server's end is closed
                 break
             if n is not None:
+                quiet_since = time.monotonic()
                 data = view[:n]
                 try:
                     if not exporter.handle(*wire.decode(data)):
@@ -154,7 +158,7 @@ def serve(sock: socket.socket, server_pid: int) -> None:
                     log.warning("sgl-probe exporter: dropping a message: %r", exc)
             elif os.getppid() != server_pid:
                 break
-            else:
+            elif time.monotonic() - quiet_since >= idle_flush_s:
                 exporter.idle()
             exporter.maybe_stats()
     finally:
@@ -168,6 +172,7 @@ def _exit_cleanly(signum: int, frame: Any) -> None:
 
 def main(argv: list[str]) -> int:
     fd, server_pid = int(argv[1]), int(argv[2])
+    idle_flush_s = float(argv[3]) if len(argv) > 3 else IDLE_FLUSH_S
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     from sgl_probe import export_log
@@ -185,7 +190,7 @@ def main(argv: list[str]) -> int:
         os.nice(NICE_INCREMENT)
     except OSError:
         pass
-    serve(socket.socket(fileno=fd), server_pid)
+    serve(socket.socket(fileno=fd), server_pid, idle_flush_s)
     return 0
 
 

@@ -46,6 +46,7 @@ def _package_root() -> str:
 class ProcessSink:
     def __init__(self, cfg, run_id: str, ident: dict, spec: dict, sglang_version: Optional[str]) -> None:
         self.trace_dir = cfg.trace_dir
+        self.idle_flush_s = cfg.idle_flush_s
         self.run_id, self.ident, self.spec, self.version = run_id, ident, spec, sglang_version
         self.pid = os.getpid()
         self.proc: Optional[subprocess.Popen] = None
@@ -84,7 +85,8 @@ class ProcessSink:
         env["SGL_PROBE"] = "0"  # the exporter is not a server process: nothing to instrument
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sgl_probe.exporter_main", str(theirs.fileno()), str(self.pid)],
+                [sys.executable, "-m", "sgl_probe.exporter_main", str(theirs.fileno()), str(self.pid),
+                 repr(self.idle_flush_s)],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, close_fds=True)
         except Exception as exc:
             self._give_up("cannot start the exporter process (%r)" % (exc,))

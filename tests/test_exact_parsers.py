@@ -21,12 +21,14 @@ BAD = {
                          "comma-separated variable names or PREFIX* patterns"),
     contract.ENV_MAX_PENDING: (["0", "-5", "1.5", "lots", "1e3", "inf"], "an integer > 0"),
     contract.ENV_DRAIN_S: (["0", "-1", "0.0", "never", "inf", "nan"], "a number of seconds > 0"),
+    contract.ENV_IDLE_FLUSH_S: (["0", "-2", "soon", "inf"], "a number of seconds > 0"),
     contract.ENV_NCCL_CONFIRM: (["please", "2", "y"], "1/true/yes/on or 0/false/no/off"),
     contract.ENV_METRICS: (["on", "prometheus", "0"], "auto, off"),
 }
 FIELD = {contract.ENV_ENABLE: "enabled", contract.ENV_TIMER: "timer", contract.ENV_SUMMARY_S: "summary_s",
          contract.ENV_ALLOW: "env_allow", contract.ENV_MAX_PENDING: "max_pending",
          contract.ENV_DRAIN_S: "drain_interval_s", contract.ENV_NCCL_CONFIRM: "nccl_confirm",
+         contract.ENV_IDLE_FLUSH_S: "idle_flush_s",
          contract.ENV_METRICS: "metrics",
          contract.ENV_TRACE_DIR: "trace_dir"}
 
@@ -88,6 +90,7 @@ def test_a_bad_value_leaves_the_other_settings_as_given():
     (contract.ENV_SUMMARY_S, "0", 0.0), (contract.ENV_SUMMARY_S, "2.5", 2.5), (contract.ENV_SUMMARY_S, "1e-3", 0.001),
     (contract.ENV_MAX_PENDING, "1", 1), (contract.ENV_MAX_PENDING, " 64 ", 64),
     (contract.ENV_DRAIN_S, "0.01", 0.01), (contract.ENV_DRAIN_S, "3", 3.0),
+    (contract.ENV_IDLE_FLUSH_S, "0.25", 0.25), (contract.ENV_IDLE_FLUSH_S, "3600", 3600.0),
     (contract.ENV_TRACE_DIR, "/tmp/t r", "/tmp/t r"),
     (contract.ENV_METRICS, " OFF", "off"), (contract.ENV_METRICS, "auto", "auto"),
 ])
@@ -107,8 +110,8 @@ def test_empty_values_mean_the_default_silently(name, raw, warnings):
 def test_defaults():
     cfg = config.load({})
     assert (cfg.enabled, cfg.timer, cfg.trace_dir, cfg.summary_s, cfg.env_allow, cfg.max_pending,
-            cfg.drain_interval_s, cfg.nccl_confirm, cfg.metrics) == (
-        True, "auto", None, 30.0, contract.DEFAULT_ENV_ALLOW, 8192, 0.2, False, "auto")
+            cfg.drain_interval_s, cfg.nccl_confirm, cfg.metrics, cfg.idle_flush_s) == (
+        True, "auto", None, 30.0, contract.DEFAULT_ENV_ALLOW, 8192, 0.2, False, "auto", 1.0)
 
 
 def test_reads_the_process_environment_when_given_none(monkeypatch):

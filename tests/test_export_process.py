@@ -69,9 +69,10 @@ def test_exporter_killed_mid_run_is_counted_and_replaced(probe_factory, receiver
 
     monkeypatch.setattr(exporter_process, "MAX_RESTARTS", 1)
     monkeypatch.setattr(logging.getLogger("sgl_probe"), "propagate", True)
-    # Spans sit in the exporter's queue for a minute: a kill loses them, deterministically.
+    # Spans sit in the exporter's queue for a minute (no idle flush either): a kill loses them,
+    # deterministically.
     probe = probe_factory({**receiver.env("grpc"), "OTEL_BSP_SCHEDULE_DELAY": "60000",
-                           "SGL_PROBE_DRAIN_S": "3600"})
+                           "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_IDLE_FLUSH_S": "3600"})
     sched = workload.Scheduler(None, tp_rank=0)
     sched.worker.work_s = 0.0
     pipe = probe.pipeline

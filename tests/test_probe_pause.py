@@ -7,6 +7,7 @@ import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -99,3 +100,40 @@ def test_group_cpu_is_summed_by_role_within_the_group_only():
         for p in (leader, outside):
             p.kill()
             p.wait()
+
+
+def test_scheduler_core_takes_a_whole_physical_core_and_leaves_the_rest(tmp_path):
+    control = _load("control")
+    assert control.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    # Siblings (0, 8), (1, 9), ... as on a 2-way SMT host; CPUs outside the set are not taken.
+    for cpu in range(16):
+        d = tmp_path / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        d.joinpath("thread_siblings_list").write_text(f"{cpu % 8},{cpu % 8 + 8}\n")
+    assert control.scheduler_core(set(range(16)), tmp_path) == {0, 8}
+    assert control.scheduler_core({0, 1, 2, 9}, tmp_path) == {1, 9}  # 0's sibling 8 is not ours
+    assert control.siblings(3, tmp_path / "nowhere") == {3}
+    assert control.scheduler_core({4, 5, 6}, tmp_path / "nowhere") == {4, 5}  # no SMT: two CPUs
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_pin_scheduler_moves_every_thread_of_the_group_by_role():
+    control = _load("control")
+    cpus = set(sorted(os.sched_getaffinity(0))[:3])
+    threads = "import threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\ntime.sleep(30)"
+    # The interpreter itself (a launcher shim would drop the title exec -a gives it).
+    sched = subprocess.Popen(["bash", "-c", f"exec -a sglang::scheduler_TP0 {sys.executable} -c '{threads}'"],
+                             start_new_session=True)
+    try:
+        end = time.monotonic() + 10
+        while time.monotonic() < end and len(os.listdir(f"/proc/{sched.pid}/task")) < 2:
+            time.sleep(0.05)
+        got = control.pin_scheduler(sched.pid, cpus)
+        assert got["threads"]["scheduler"] == 2
+        core = set(got["scheduler_cpus"])
+        for tid in os.listdir(f"/proc/{sched.pid}/task"):
+            assert os.sched_getaffinity(int(tid)) == core
+        assert core <= cpus and (set(got["other_cpus"]) == (cpus - core or cpus))
+    finally:
+        sched.kill()
+        sched.wait()

@@ -688,13 +688,16 @@ def window_tokens(done: list, t0: float, t1: float) -> float:
     return total
 
 
-def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float) -> dict:
+def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float, pin: bool = False) -> dict:
     """One server, the probe recording and paused in alternating windows (ABBA), each window
     ``window_s`` of a steady load of ``conc`` concurrent requests (:class:`SteadyLoad`, running
-    through every window: a flip does not drain the server); adjacent windows form a pair."""
+    through every window: a flip does not drain the server); adjacent windows form a pair.
+    ``pin``: the scheduler process gets a physical core of the server CPUs to itself
+    (:func:`probe_pause.control.pin_scheduler`), the same one for every server."""
     pids = pause.scheduler_pids(srv.proc.pid)
     if not pids:
         return {"error": "no sglang::scheduler process"}
+    pinned = pause.pin_scheduler(srv.proc.pid, SERVER_CPUS) if pin else None
     load = SteadyLoad(srv, conc, tokens).start()
     time.sleep(2.0)  # warm-up
     spans: list = []  # (recording, t0, t1)
@@ -725,7 +728,7 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float)
             f"ratio {got[True] / got[False]:.4f}")
     p99 = {r: analysis.percentile(load.gaps_in([(a, b) for s, a, b in spans if s is r]), 0.99) for r in (True, False)}
     return {"recording": rec, "paused": paused, "schedulers": len(pids), "cores_busy": cpu,
-            "load": "steady", "requests": len(load.done), "request_errors": load.errors,
+            "load": "steady", "requests": len(load.done), "request_errors": load.errors, "pinned": pinned,
             "p99_step_ms": {"recording": p99[True] and p99[True] * 1e3, "paused": p99[False] and p99[False] * 1e3}}
 
 
@@ -754,16 +757,20 @@ AB_EXPORTS = ("probe", "otlp", "none")
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
-                      exports: tuple = ("probe",)) -> dict:
-    """The tiny Llama at 16 concurrent requests, with the probe recording vs paused in
+                      exports: tuple = ("probe",), model: str = "tiny", conc: int = 16, pin: bool = False) -> dict:
+    """The tiny Llama at ``conc`` (16) concurrent requests, with the probe recording vs paused in
     alternating windows of the same server (no launch-to-launch spread): ``launches`` servers
     exporting every step to OTLP and a trace dir, one server per other entry of ``exports``
     (which splits the cost between the outputs), and one without the probe flipped the same way
-    (A/A control)."""
+    (A/A control). ``model="seed32b"``: the 32B-class config instead (two of its servers fit the
+    GPU: ``--launches 1`` and the probe output only). ``pin``: see :func:`ab_windows`."""
     received = str(out / "received_ab.jsonl")
     rec, endpoint = receiver(received)
-    tiny = carry / "models/tiny-llama4-h256"
-    plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
+    if model == "seed32b":
+        plain = base_args(carry / "models/seed32b", mem=0.985, max_bs=8, level="warning", max_tokens=4096,
+                          extra=("--load-format", "dummy", "--context-length", "2048"))
+    else:
+        plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
     env = {"probe": otlp_env(endpoint), "otlp": {**otlp_env(endpoint), "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
            "none": {"SGL_PROBE_TRACE_DIR": ""}}
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
@@ -774,14 +781,14 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     try:
         for s in servers:  # SGLang's JIT kernels come from the carried cache
             s.start()
-        ok = {s.name: s.wait_ready(360) for s in servers}
+        ok = {s.name: s.wait_ready(360 if model == "tiny" else 420) for s in servers}
         live = [s for s in servers if ok[s.name]]
         for s in live:
             s.pause()
         for s in live:
             s.resume()
             time.sleep(1.0)
-            windows[s.name] = ab_windows(s, pairs, 16, 128, window_s)
+            windows[s.name] = ab_windows(s, pairs, conc, 128, window_s, pin)
             s.pause()
             log(f"{s.name}: {ab_judge({s.name: windows[s.name]}).get('all_pairs')}")
     finally:
@@ -919,6 +926,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="seed_overhead: SGLang's own observability instead of the probe in pairs 2-3 of every 4")
     ap.add_argument("--ab-exports", default="probe",
                     help="overhead_ab: comma-separated from %s (one server each beyond --launches)" % (AB_EXPORTS,))
+    ap.add_argument("--ab-model", choices=["tiny", "seed32b"], default="tiny", help="overhead_ab: which model")
+    ap.add_argument("--ab-conc", type=int, default=16, help="overhead_ab: concurrent requests")
+    ap.add_argument("--pin-scheduler", action="store_true",
+                    help="overhead_ab: give each measured scheduler process a physical core to itself")
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
                     help="stop measuring after this many seconds, keeping what was measured")
     args = ap.parse_args(argv)
@@ -935,7 +946,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res = suite_seed(args.carry, args.out)
             elif suite == "overhead_ab":
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
-                                        tuple(args.ab_exports.split(",")))
+                                        tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,
+                                        args.pin_scheduler)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

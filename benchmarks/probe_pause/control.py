@@ -57,6 +57,60 @@ def group_cpu_s(pgid: int) -> dict[str, float]:
     return out
 
 
+def parse_cpu_list(text: str) -> set[int]:
+    """The kernel's CPU list format (``0-3,8,10-11``)."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def siblings(cpu: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> set[int]:
+    """The logical CPUs of ``cpu``'s physical core, itself included (itself alone where the
+    kernel does not say)."""
+    try:
+        return parse_cpu_list((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()) or {cpu}
+    except (OSError, ValueError):
+        return {cpu}
+
+
+def scheduler_core(cpus: set[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> set[int]:
+    """CPUs to give a scheduler process to itself: the first physical core of ``cpus`` whose
+    logical CPUs all lie in ``cpus`` and leave some for the rest, or two CPUs where a core has
+    only one (the drain thread gets a CPU beside the scheduler thread either way)."""
+    order = sorted(cpus)
+    for cpu in order:
+        core = siblings(cpu, sysfs)
+        if len(core) > 1 and core <= cpus and cpus - core:
+            return core
+    return set(order[:2]) if len(order) > 2 else set(order[:1])
+
+
+def pin_scheduler(pgid: int, cpus: set[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> dict:
+    """Every thread of group ``pgid``'s scheduler processes onto :func:`scheduler_core`, every
+    other thread of the group onto the rest of ``cpus``. A launch-bound scheduler is on-CPU all
+    the time, and what it gets done depends on what shares its physical core: this makes that
+    the same for every server measured. Threads started later inherit their creator's CPUs."""
+    core = scheduler_core(cpus, sysfs)
+    rest = (cpus - core) or cpus
+    pinned = {"scheduler": 0, "other": 0}
+    for pid, _, cmdline in _group(pgid):
+        role = "scheduler" if _role(cmdline) == "scheduler" else "other"
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, core if role == "scheduler" else rest)
+                pinned[role] += 1
+            except OSError:
+                pass
+    return {"scheduler_cpus": sorted(core), "other_cpus": sorted(rest), "threads": pinned}
+
+
 def state(folder: Path, pid: int) -> str | None:
     try:
         return (folder / str(pid)).read_text()

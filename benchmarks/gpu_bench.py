@@ -138,8 +138,12 @@ def print_table(r: dict) -> None:
                                         "" if k not in judged else (" met" if v["ci95"][1] <= target else " MISSED"))
             for k, v in rv.items())))
         p99 = (x.get("p99_step_ratio_vs_untimed") or {}).get("probe")
-        if p99 is not None:
-            print("%-24s p99 step on/off %.4f%s" % ("", p99, " met" if p99 <= 1.01 else " MISSED"))
+        gpu99 = (x.get("p99_gpu_step_ratio_vs_untimed") or {}).get("probe")
+        if gpu99 is not None:  # the step time a client sees: completions of consecutive steps
+            print("%-24s p99 step on/off %.4f%s (host call %.4f)" % (
+                "", gpu99, " met" if gpu99 <= 1.01 else " MISSED", p99 if p99 is not None else float("nan")))
+        elif p99 is not None:
+            print("%-24s p99 host step on/off %.4f%s" % ("", p99, " met" if p99 <= 1.01 else " MISSED"))
     for name, x in (r.get("accuracy") or {}).items():
         if isinstance(x, dict) and "probe_over_kernel_sum" in x:
             print("accuracy %-24s per-step median: probe/kernel-sum %s, probe/envelope %s; means: probe %.3f ms, "

@@ -122,9 +122,14 @@ class Shape:
         # Schedulers are built after instrumenting, so the identity hook sees them, as in SGLang.
         self.s = {v: cls(None, tp_rank=0) for v, cls in self.sched.items()}
         self.steps_run = {v: 0 for v in self.s}
-        # Per step, the host time from one step's return to the next's (the loop's cadence; on
-        # a GPU-bound loop the host is throttled to the GPU's pace): p99 on vs off.
+        # Per step, the host time from one step's return to the next's: on a graph loop that is
+        # the launch call (the host runs ahead of the GPU inside a block), so also the GPU's
+        # step time: between the completions of consecutive steps, from one benchmark event
+        # recorded after every step in every variant (the same ~2 µs each, so the paired ratios
+        # are unaffected), what a client waiting for each step sees. p99 on vs off of both.
         self.step_s: dict = {v: [] for v in self.s}
+        self.gpu_step_s: dict = {v: [] for v in self.s}
+        self._marks: list = []
         self.settle_cpu: list = []  # process CPU seconds the full probe still spent after each block
 
     def block(self, variant: str, n: int, cpu_us: float) -> float:
@@ -135,15 +140,22 @@ class Shape:
             self.probe_2ev.recorder.timer.host_starts = False  # the timer is made at the first step
         perf = time.perf_counter
         stamps = [0.0] * (n + 1)
+        marks = self._step_marks(n + 1)
         env.sync()
         t0 = stamps[0] = perf()
+        if marks:
+            marks[0].record()
         for i in range(1, n + 1):
             f(b)
+            if marks:
+                marks[i].record()
             gc.spin_us(cpu_us)
             stamps[i] = perf()
         env.sync()
         dt = time.perf_counter() - t0
         self.step_s[variant].extend(stamps[i] - stamps[i - 1] for i in range(1, n + 1))
+        if marks:
+            self.gpu_step_s[variant].extend(marks[i - 1].elapsed_time(marks[i]) / 1e3 for i in range(1, n + 1))
         self.steps_run[variant] += n
         if variant == "probe_hot":
             self.probe_hot.pipeline.drain()  # outside the timed region: hot path only
@@ -160,6 +172,14 @@ class Shape:
             self.probe.pipeline.flush()
             self.settle_cpu.append(time.process_time() - c0)
         return dt
+
+    def _step_marks(self, k: int) -> list:
+        """``k`` timing events, reused block after block (the block ends in a sync); none without CUDA."""
+        if not self.env.cuda:
+            return []
+        while len(self._marks) < k:
+            self._marks.append(self.env.torch.cuda.Event(enable_timing=True))
+        return self._marks[:k]
 
     def close(self) -> None:
         for p in (self.probe, self.probe_hot, self.probe_cpu, self.probe_2ev):
@@ -200,6 +220,7 @@ def section_loops(env: Env, rcv: gc.ReceiverProcess, shapes: dict, budget_s: flo
         for v in variants:  # warm-up, also creates the probe's first events and anchor
             sh.block(v, n, cpu_us)
             sh.step_s[v].clear()
+            sh.gpu_step_s[v].clear()
         times = {v: [] for v in variants}
         for i in range(rounds):
             for v in gc.rotation(variants, i):
@@ -219,6 +240,10 @@ def section_loops(env: Env, rcv: gc.ReceiverProcess, shapes: dict, budget_s: flo
             "step_ms_p50_p99": {v: step_quantiles(sh.step_s[v]) for v in variants},
             "p99_step_ratio_vs_untimed": {v: p99_ratio(sh.step_s[v], sh.step_s["untimed"]) for v in variants
                                           if v != "untimed"} if "untimed" in variants else None,
+            "gpu_step_ms_p50_p99": {v: step_quantiles(sh.gpu_step_s[v]) for v in variants},
+            "p99_gpu_step_ratio_vs_untimed": {v: p99_ratio(sh.gpu_step_s[v], sh.gpu_step_s["untimed"])
+                                              for v in variants if v != "untimed"}
+            if "untimed" in variants and sh.gpu_step_s["untimed"] else None,
         }
         sh.close()
         out[name]["wall_s"] = time.perf_counter() - t_start

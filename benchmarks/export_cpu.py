@@ -10,8 +10,10 @@ including the loop's own cost (``off``: the same loop with no probe; ``no_export
 nothing configured, summary line only); the exporter process's CPU is
 ``out_of_process_cpu_us_per_step``. Runs alternate between the designs; medians are printed with
 the ratio, and each run's CPU per thread. ``sleep_overshoot_us`` is how late the loop's blocking
-call returned (p50 / p99 / p99.9 / max): a thread of the same process holding the GIL makes the scheduler thread
-wait for it (so does a busy CPU: the exporter process competes for the machine's cores).
+call returned (p50 / p99 / p99.9 / max): a thread of the same process holding the GIL makes the
+scheduler thread wait for it (so does a busy CPU: the exporter process competes for the machine's
+cores). ``drain_stretch_us`` is the probe's part of that alone: how long the drain thread ran
+between two GIL hand-overs (p50 / p99 / max of the stretches).
 
     python3 benchmarks/export_cpu.py [--steps 3000] [--repeats 3] [--step-ms 1.0] [--trace-dir]
                                      [--json FILE]
@@ -130,6 +132,46 @@ def _self_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+class _Stretches:
+    """Wall time of each stretch the drain thread runs between two GIL hand-overs (the probe's
+    ``time.sleep`` in :mod:`sgl_probe.export`), from a pass's start to its first and from its
+    last to the pass's end: what a scheduler thread back from its GPU wait may have to wait for,
+    read without the machine's own wake-up noise that ``sleep_overshoot_us`` carries."""
+
+    def __init__(self, pipe) -> None:
+        from sgl_probe import export
+
+        self.got: list = []
+        self._mark = 0.0
+        self._sleep = time.sleep
+        export.time = self  # the module's other uses of ``time`` pass through (__getattr__)
+        drain = pipe.drain
+
+        def timed(final: bool = False):
+            self._mark = time.perf_counter()
+            try:
+                return drain(final)
+            finally:
+                self.got.append(time.perf_counter() - self._mark)
+
+        pipe.drain = timed
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def sleep(self, s: float) -> None:
+        self.got.append(time.perf_counter() - self._mark)
+        self._sleep(s)
+        self._mark = time.perf_counter()
+
+    def summary(self) -> dict:
+        got = sorted(self.got)
+        if not got:
+            return {"n": 0}
+        return {"n": len(got), "p50": got[len(got) // 2] * 1e6, "p99": got[int(len(got) * 0.99)] * 1e6,
+                "max": got[-1] * 1e6}
+
+
 def worker(design: str, steps: int, step_ms: float) -> dict:
     Scheduler, batch, late = _workload(step_ms / 1000.0)
     probe = None
@@ -153,6 +195,7 @@ def worker(design: str, steps: int, step_ms: float) -> dict:
         if t.name == "sgl-probe-fingerprint":
             t.join(60.0)
     exporter_pid = getattr(getattr(probe.pipeline.sink, "proc", None), "pid", None) if probe else None
+    stretches = _Stretches(probe.pipeline) if probe is not None else None
     del late[:]
     th0 = _threads_cpu_s()
     c0, x0, t0 = _self_cpu_s(), _proc_cpu_s(exporter_pid) if exporter_pid else 0.0, time.perf_counter()
@@ -175,6 +218,7 @@ def worker(design: str, steps: int, step_ms: float) -> dict:
         out["sent"] = 0 if sink is None else sink.sent if design == "out_of_process" else sink.spans.exported
         out["dropped"] = pipe.export_dropped + probe.recorder.dropped_steps
         out["run_id"] = probe.run_id
+        out["drain_stretch_us"] = stretches.summary()
         pipe.shutdown(30.0)
     return out
 
@@ -366,6 +410,8 @@ def compare(args) -> dict:
         "sleep_overshoot_us": {v: {q: ci([run["sleep_overshoot_us"][q] for run in runs[v]])
                                    for q in ("p50", "p99", "p999", "max") if q in runs[v][0]["sleep_overshoot_us"]}
                                for v in variants},
+        "drain_stretch_us": {v: {q: ci([run["drain_stretch_us"][q] for run in runs[v]]) for q in ("p50", "p99", "max")}
+                             for v in variants if v != "off" and "drain_stretch_us" in runs[v][0]},
         "spans_sent_received_dropped": {v: [sum(run[k] for run in runs[v]) for k in ("sent", "spans_received", "dropped")]
                                         for v in ("out_of_process", "out_of_process@base")},
         "threads_cpu_us_per_step": {v: {name: statistics.median(run["threads_cpu_us_per_step"].get(name, 0.0)

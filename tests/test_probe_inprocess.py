@@ -406,3 +406,88 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
     assert got == want and sorted(built) == sorted(want)
     assert probe.pipeline.summary.line().split("]: ", 1)[1].startswith(f"decode n={n} ")
     assert probe.pipeline.sampling.sampled_out == n - len(want)
+
+
+class _RecordingSink:
+    """Stands in for the exporter link: what each send carried, in order."""
+
+    backlogged = False
+    dropped = 0
+    dropped_by: dict = {}
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def send_steps(self, steps, kept_slow) -> None:
+        self.events.append(("send", [row[0] for row in steps], list(kept_slow)))
+
+    def poll(self) -> None:
+        self.events.append(("poll",))
+
+    def send_env(self, *args) -> None:
+        pass
+
+    def flush(self, timeout_s) -> None:
+        pass
+
+    def shutdown(self, timeout_s) -> None:
+        pass
+
+
+class _Sampler:
+    """A sampler stand-in: keeps the steps ``keep`` says, every other kept one marked slow."""
+
+    always = False
+    sampled_out = kept_slow = 0
+
+    def __init__(self, keep) -> None:
+        self._keep = keep
+
+    def keep(self, step):
+        return self._keep(step.index), step.index % 2 == 0
+
+
+#: Every step kept (the default), every third, all but the first three (the kept steps run a
+#: chunk behind: the pass's last chunk fills a send and leaves a remainder for one more).
+KEEPS = {"always": None, "every_third": lambda i: i % 3 == 0, "lagging": lambda i: i > 3}
+
+
+@pytest.mark.parametrize("keep", list(KEEPS))
+def test_a_backlog_goes_out_in_chunks_with_a_gil_hand_over_between_sends(probe_factory, monkeypatch, keep):
+    """A pass over a backlog of many chunks never pickles and sends it all at once (one long GIL
+    hold for a scheduler thread back from its GPU wait): each send carries at most a chunk, a
+    real sleep separates any two sends, and every kept step arrives once, in order, with its
+    kept_slow mark beside it."""
+    import types
+
+    from sgl_probe import export
+
+    probe = probe_factory({"SGL_PROBE_DRAIN_S": "3600"})
+    sched = workload.Scheduler(None, tp_rank=0)  # the pipeline starts with the first scheduler
+    sched.worker.work_s = 0.0
+    pipe = probe.pipeline
+    events: list = []
+    pipe.sink = _RecordingSink(events)
+    if KEEPS[keep] is not None:
+        pipe.sampling = _Sampler(KEEPS[keep])
+    monkeypatch.setattr(export, "time", types.SimpleNamespace(
+        perf_counter_ns=time.perf_counter_ns, sleep=lambda s: events.append(("sleep", s))))
+    chunk = export.YIELD_EVERY
+    n = 12 * chunk + 5
+    for _ in range(n):
+        sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    pending = list(probe.recorder.steps)
+    assert len(pending) == n
+    assert pipe.drain() == n
+    sends = [e for e in events if e[0] == "send"]
+    want = [st.index for st in pending if KEEPS[keep] is None or KEEPS[keep](st.index)]
+    assert [i for e in sends for i in e[1]] == want
+    for _, idx, slow in sends:
+        assert 0 < len(idx) <= chunk and len(slow) == len(idx)
+        assert slow == [KEEPS[keep] is not None and i % 2 == 0 for i in idx]
+    assert len(sends) == -(-len(want) // chunk)
+    kinds = [e[0] for e in events]
+    at = [i for i, k in enumerate(kinds) if k == "send"]
+    assert all("sleep" in kinds[a + 1:b] for a, b in zip(at, at[1:]))
+    assert all(e[1] >= 1e-5 for e in events if e[0] == "sleep")  # not sleep(0) (see YIELD_S)
+    assert "poll" not in kinds

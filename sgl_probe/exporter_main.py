@@ -26,6 +26,10 @@ STATS_EVERY_S = 0.5
 #: Larger than any message the server's socket lets through (its send buffer is capped lower).
 RECV_BUFFER = 8 << 20
 FLUSH_ON_EXIT_S = 5.0
+#: The span batch delay here unless ``OTEL_BSP_SCHEDULE_DELAY`` sets one: the SDK's 5 s is
+#: meant to keep export work off a busy process, and this process is off the server's already;
+#: a SIGKILL (SGLang's shutdown sends one) loses at most this much of a busy server's spans.
+BATCH_DELAY_MS = 200
 #: A link quiet for this long means the server is idle: export what is batched (the server's
 #: ``SGL_PROBE_IDLE_FLUSH_S`` overrides it).
 IDLE_FLUSH_S = 1.0
@@ -96,7 +100,7 @@ class Exporter:
 
         run_id, ident, spec, version, pid, trace_dir = meta
         if self.sink is None:
-            self.sink = sinks.SpanSink(trace_dir, pid)
+            self.sink = sinks.SpanSink(trace_dir, pid, delay_ms=BATCH_DELAY_MS)
         self.meta = meta
         self.resource = sinks.make_resource(ident, run_id, version, pid)
 

@@ -183,13 +183,13 @@ class _Counted(SpanExporter):
 class _Bounded:
     """A BatchSpanProcessor that is handed a span only when its queue has room."""
 
-    def __init__(self, name: str, exporter: SpanExporter, max_queue: int) -> None:
+    def __init__(self, name: str, exporter: SpanExporter, max_queue: int, delay_ms: Optional[int] = None) -> None:
         self.name = name  # what the summary line's drop breakdown calls it
         self.counted = _Counted(exporter)
         self.max_queue = max_queue
         self.handed = 0
         self.full = 0
-        self.processor = BatchSpanProcessor(self.counted, max_queue_size=max_queue)
+        self.processor = BatchSpanProcessor(self.counted, max_queue_size=max_queue, schedule_delay_millis=delay_ms)
 
     def offer(self, spans: list) -> None:
         room = self.max_queue - (self.handed - self.counted.done)
@@ -209,10 +209,15 @@ class _Bounded:
 class SpanSink:
     """Builds spans and exports them; ``dropped`` counts every span that did not make it."""
 
-    def __init__(self, trace_dir: Optional[str], pid: int, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, trace_dir: Optional[str], pid: int, environ: Mapping[str, str] = os.environ,
+                 delay_ms: Optional[int] = None) -> None:
+        """``delay_ms``: the batch delay when ``OTEL_BSP_SCHEDULE_DELAY`` does not set one (the
+        SDK's default otherwise)."""
         self.outputs: list[_Bounded] = []
         self.exported = 0
         queue = _queue_size(environ)
+        if (environ.get("OTEL_BSP_SCHEDULE_DELAY") or "").strip():
+            delay_ms = None
         exporters: list[tuple[str, SpanExporter]] = []
         try:
             exporter = otlp_exporter(environ)
@@ -228,10 +233,10 @@ class SpanSink:
                 log.warning("sgl-probe: %s=%r is not usable (%s); no trace files", C.ENV_TRACE_DIR, trace_dir, exc)
         for name, exporter in exporters:
             try:
-                self.outputs.append(_Bounded(name, exporter, queue))
+                self.outputs.append(_Bounded(name, exporter, queue, delay_ms))
             except ValueError as exc:  # e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE above the queue size
                 log.warning("sgl-probe: OTEL_BSP_* settings rejected (%s); using the SDK defaults", exc)
-                self.outputs.append(_Bounded(name, exporter, _DEFAULT_QUEUE))
+                self.outputs.append(_Bounded(name, exporter, _DEFAULT_QUEUE, delay_ms))
 
     def steps(self, steps: Sequence[ResolvedStep], run_id: str, ident: dict, spec: dict, resource: Any,
               kept_slow: Sequence[bool] = ()) -> None:

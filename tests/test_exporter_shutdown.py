@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_export_process import _ORPHAN_SCRIPT, _gone, _wait
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,3 +51,32 @@ def test_an_idle_server_s_spans_are_out_before_a_sigkill_of_the_whole_tree(tmp_p
         if server.poll() is None:
             server.kill()
     assert _decode_spans(trace) == 7
+
+
+
+@pytest.mark.parametrize("user_delay", [None, "60000"])
+def test_a_busy_server_s_spans_leave_within_the_short_batch_delay(tmp_path, user_delay):
+    """No idle flush: the exporter process's own 0.2 s batch delay (the SDK's is 5 s) puts the
+    spans out long before a kill would find them; a delay the user set wins over it."""
+    from sgl_probe import exporter_main
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
+    env.update({"SGL_PROBE_TRACE_DIR": str(tmp_path), "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_DRAIN_S": "3600",
+                "SGL_PROBE_IDLE_FLUSH_S": "3600"})
+    if user_delay:
+        env["OTEL_BSP_SCHEDULE_DELAY"] = user_delay
+    server = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT.format(root=str(ROOT))], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    trace = tmp_path / ("sgl-probe-%d.jsonl" % server.pid)
+    try:
+        int(server.stdout.readline())
+        assert server.stdout.readline().strip() == "received"
+        if user_delay:
+            time.sleep(2.0)
+            assert _decode_spans(trace) == 0  # still batched, as the user asked
+        else:
+            assert exporter_main.BATCH_DELAY_MS <= 500
+            assert _wait(lambda: _decode_spans(trace) == 7, 2.5, 0.05)
+    finally:
+        server.kill()
+        server.wait()

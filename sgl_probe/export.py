@@ -27,11 +27,10 @@ from sgl_probe.summary import Summary
 
 log = logging.getLogger("sgl_probe")
 
-#: Steps resolved, observed and sent between two GIL hand-overs. A scheduler thread back from a
-#: GPU wait (the GIL released) waits for the drain thread's current stretch (or the 5 ms switch
-#: interval): a pass over a 0.2 s backlog (~100 steps at 2 ms a step) takes milliseconds, and a
-#: step costs it ~3 µs (resolve, summary, pickle), so 16 bounds the wait to ~50 µs plus one send.
-YIELD_EVERY = 16
+#: Steps resolved between two GIL hand-overs. A pass over a 0.2 s backlog takes milliseconds, and
+#: a scheduler thread back from a GPU wait would otherwise wait for all of it (up to the 5 ms
+#: switch interval): every 32 steps bounds that wait to a few hundred µs.
+YIELD_EVERY = 32
 #: A real sleep: ``sleep(0)`` releases the GIL but this thread, still on its CPU, usually takes it
 #: back before the woken scheduler thread can.
 YIELD_S = 50e-6
@@ -163,11 +162,7 @@ class Pipeline:
                 self.metrics.observe_step(from_row(row))
 
     def drain(self, final: bool = False) -> int:
-        """Resolve every step whose timers have completed; returns how many were resolved.
-
-        The kept steps go to the sink as soon as ``YIELD_EVERY`` of them are waiting (every chunk
-        when every step is kept), not all at the end of the pass: pickling and sending a whole
-        backlog at once would be one long GIL hold. Sampled passes still send few messages."""
+        """Resolve every step whose timers have completed; returns how many were resolved."""
         with self._lock:
             rec = self.recorder
             timer = rec.timer
@@ -177,7 +172,6 @@ class Pipeline:
             always = sampling.always
             kept: list[tuple] = []
             kept_slow: list[bool] = []
-            sent = just_sent = False
             done = 0
             now = time.perf_counter_ns()
             while steps:
@@ -186,29 +180,23 @@ class Pipeline:
                 if not taken:
                     break
                 done += len(rows)
-                self.observe_rows(rows)
-                if sink is not None:
-                    if always:
-                        kept += rows
-                        kept_slow += [False] * len(rows)
-                    else:
-                        for row in rows:
-                            keep, slow = sampling.keep(from_row(row))
-                            if keep:
-                                kept.append(row)
-                                kept_slow.append(slow)
-                    just_sent = len(kept) >= YIELD_EVERY
-                    if just_sent:  # one chunk per stretch: a sampled pass keeps the rest for the next
-                        sink.send_steps(kept[:YIELD_EVERY], kept_slow[:YIELD_EVERY])
-                        del kept[:YIELD_EVERY], kept_slow[:YIELD_EVERY]
-                        sent = True
                 if taken == YIELD_EVERY and steps:
                     time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_EVERY)
+                self.observe_rows(rows)
+                if sink is None:
+                    continue
+                if always:
+                    kept += rows
+                    kept_slow += [False] * len(rows)
+                else:
+                    for row in rows:
+                        keep, slow = sampling.keep(from_row(row))
+                        if keep:
+                            kept.append(row)
+                            kept_slow.append(slow)
             if kept:
-                if just_sent:
-                    time.sleep(YIELD_S)
                 sink.send_steps(kept, kept_slow)
-            elif sink is not None and not sent:
+            elif sink is not None:
                 sink.poll()
             self._log_summary()
             return done

@@ -51,12 +51,20 @@ class Exporter:
         self._last_stats = 0.0
         self._stats_sent: Optional[tuple] = None
         self.unflushed = False  # spans handed to the SDK since the last flush
+        self._idle_flush: Optional[threading.Thread] = None
 
     def idle(self) -> None:
-        """The link was quiet for :data:`IDLE_FLUSH_S`: export what the SDK still batches."""
-        if self.unflushed and self.sink is not None:
-            self.unflushed = False
-            self.sink.flush(FLUSH_ON_EXIT_S)
+        """The link was quiet for :data:`IDLE_FLUSH_S`: export what the SDK still batches, on a
+        thread of its own, so that the counts keep going back to the server and the link keeps
+        being read while an unreachable collector makes the export retry for seconds."""
+        if not self.unflushed or self.sink is None:
+            return
+        if self._idle_flush is not None and self._idle_flush.is_alive():
+            return
+        self.unflushed = False
+        self._idle_flush = threading.Thread(target=self.sink.flush, args=(FLUSH_ON_EXIT_S,),
+                                            name="sgl-probe-idle-flush", daemon=True)
+        self._idle_flush.start()
 
     def stats(self) -> tuple:
         sink = self.sink

@@ -80,3 +80,39 @@ def test_a_busy_server_s_spans_leave_within_the_short_batch_delay(tmp_path, user
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_idle_flush_never_holds_up_the_exporter_s_loop():
+    """An unreachable collector makes an export retry for seconds: the idle flush runs beside
+    the loop that reads the link and reports the counts, one at a time."""
+    import threading
+
+    from sgl_probe import exporter_main
+
+    release = threading.Event()
+    flushes = []
+
+    class Sink:
+        def flush(self, timeout_s):
+            flushes.append(timeout_s)
+            release.wait(30)
+
+    exp = exporter_main.Exporter(sock=None)
+    exp.sink, exp.unflushed = Sink(), True
+    t = threading.Thread(target=exp.idle)
+    t.start()
+    t.join(2.0)
+    try:
+        assert not t.is_alive(), "idle() waited for the flush"
+        assert _wait(lambda: flushes == [exporter_main.FLUSH_ON_EXIT_S], 5, 0.01)
+        exp.unflushed = True
+        exp.idle()  # the first flush is still running: no second one
+        assert flushes == [exporter_main.FLUSH_ON_EXIT_S] and exp.unflushed
+        exp.unflushed = False
+        exp.idle()  # nothing new since: nothing to do
+    finally:
+        release.set()
+    assert _wait(lambda: not exp._idle_flush.is_alive(), 5, 0.01)
+    exp.unflushed = True
+    exp.idle()
+    assert _wait(lambda: len(flushes) == 2, 5, 0.01)

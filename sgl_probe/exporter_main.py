@@ -2,12 +2,12 @@
 through the OpenTelemetry SDK (:class:`sgl_probe.sinks.SpanSink`).
 
 One per server process, started by it (:mod:`sgl_probe.exporter_process`) with
-``python -m sgl_probe.exporter_main FD SERVER_PID [IDLE_FLUSH_S]``. It never outlives that process: it exits
-when the link closes (the server exited, however it exited) or, checked every second, when the
-server is no longer its parent; either way it first flushes what it has, for a bounded time.
-A second (``SGL_PROBE_IDLE_FLUSH_S``) without a message from the server (it is idle) also flushes: SGLang ends a server by
-SIGKILL to every descendant of its launcher (``kill_process_tree``), this process included, and
-spans still in an SDK batch at that moment would be lost uncounted.
+``python -m sgl_probe.exporter_main FD SERVER_PID [IDLE_FLUSH_S]``. It never outlives that
+process: it exits when the link closes (the server exited, however it exited) or, checked every
+second, when the server is no longer its parent; either way it first flushes what it has, for a
+bounded time. It also holds spans only briefly (batches of 0.2 s, and a flush once the server has
+sent nothing for ``IDLE_FLUSH_S``): SGLang ends a server by SIGKILL to every descendant of its
+launcher (``kill_process_tree``), this process included, and spans still batched then are lost.
 Ctrl-C reaches the whole process group: this process ignores it and lets the server decide.
 """
 

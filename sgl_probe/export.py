@@ -224,8 +224,15 @@ class Pipeline:
         """Bounded: an unreachable collector must not hold the worker's exit hostage."""
         self._stop.set()
 
+        drainer = self._thread if self._pid == os.getpid() else None
+
         def _finish() -> None:
             try:
+                # The drain thread may be inside a pass that began before the stop: once it is
+                # done, nothing but this final drain feeds the summary and the metrics, so their
+                # last values are the ones the final export carries.
+                if drainer is not None and drainer is not threading.current_thread():
+                    drainer.join(timeout_s / 2)
                 self.drain(final=True)
                 if self.metrics is not None:
                     with self._lock:  # a drain still running on the drain thread feeds it too

@@ -406,3 +406,29 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
     assert got == want and sorted(built) == sorted(want)
     assert probe.pipeline.summary.line().split("]: ", 1)[1].startswith(f"decode n={n} ")
     assert probe.pipeline.sampling.sampled_out == n - len(want)
+
+
+def test_shutdown_waits_for_a_drain_pass_already_under_way(probe_factory, tmp_path):
+    """A drain pass that began just before the stop would otherwise feed the summary line and
+    the metrics after their final export (a live verdict gauge one window behind the log)."""
+    import threading
+
+    probe = probe_factory({"SGL_PROBE_DRAIN_S": "0.05", "SGL_PROBE_TRACE_DIR": str(tmp_path)})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    pipe = probe.pipeline
+    real, entered, seen = pipe.drain, threading.Event(), []
+
+    def late_pass(final: bool = False):
+        if threading.current_thread() is pipe._thread and not entered.is_set():
+            entered.set()
+            time.sleep(0.5)  # past the stop check, not yet at the lock
+        return real(final)
+
+    pipe.drain = late_pass
+    assert entered.wait(5)
+    real_shutdown = pipe.sink.shutdown
+    pipe.sink.shutdown = lambda t: (seen.append(pipe._thread.is_alive()), real_shutdown(t))
+    pipe.shutdown(3.0)
+    assert seen == [False]

@@ -192,6 +192,17 @@ class Server:
         return {"text": out.get("text"), "ids": out.get("output_ids"),
                 "tokens": meta.get("completion_tokens")}
 
+    def stream(self, text: str, n: int):
+        """A streamed greedy request of ``n`` tokens: (arrival time, line) of each ``data:`` line."""
+        body = {"text": text, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": n,
+                                                                  "ignore_eos": True}}
+        req = urllib.request.Request(self.base + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with OPENER.open(req, timeout=300) as r:
+            for line in r:
+                if line.startswith(b"data:"):
+                    yield time.perf_counter(), line
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -451,18 +462,11 @@ def throughput(srv: Server, conc: int, tokens: int, rounds: int, min_s: float = 
     rates, gaps = [], []
 
     def streamed(text: str) -> None:
-        body = {"text": text, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": tokens,
-                                                                  "ignore_eos": True}}
-        req = urllib.request.Request(srv.base + "/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
         last = None
-        with OPENER.open(req, timeout=300) as r:
-            for line in r:
-                if line.startswith(b"data:"):
-                    now = time.perf_counter()
-                    if last is not None:
-                        gaps.append(now - last)
-                    last = now
+        for now, _line in srv.stream(text, tokens):
+            if last is not None:
+                gaps.append(now - last)
+            last = now
 
     start = time.perf_counter()
     rnd = 0
@@ -632,18 +636,13 @@ class SteadyLoad:
     def _one(self, i: int, n: int) -> int:
         if i:
             return self.srv.generate(f"steady {i} {n} the quick brown fox", self.tokens, True).get("tokens") or 0
-        body = {"text": f"steady {n} stream", "stream": True,
-                "sampling_params": {"temperature": 0, "max_new_tokens": self.tokens, "ignore_eos": True}}
-        req = urllib.request.Request(self.srv.base + "/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
         last, chunks = None, 0
-        with OPENER.open(req, timeout=300) as r:
-            for line in r:
-                if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
-                    now = time.perf_counter()
-                    if last is not None:
-                        self.gaps.append((now, now - last))
-                    last, chunks = now, chunks + 1
+        for now, line in self.srv.stream(f"steady {n} stream", self.tokens):
+            if line.startswith(b"data: [DONE]"):
+                continue
+            if last is not None:
+                self.gaps.append((now, now - last))
+            last, chunks = now, chunks + 1
         return self.tokens if chunks else 0
 
     def _worker(self, i: int) -> None:

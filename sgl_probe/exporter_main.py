@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Optional
 
+from sgl_probe.config import Config
+
 STATS_EVERY_S = 0.5
 #: Larger than any message the server's socket lets through (its send buffer is capped lower).
 RECV_BUFFER = 8 << 20
@@ -30,9 +32,9 @@ FLUSH_ON_EXIT_S = 5.0
 #: meant to keep export work off a busy process, and this process is off the server's already;
 #: a SIGKILL (SGLang's shutdown sends one) loses at most this much of a busy server's spans.
 BATCH_DELAY_MS = 200
-#: A link quiet for this long means the server is idle: export what is batched (the server's
-#: ``SGL_PROBE_IDLE_FLUSH_S`` overrides it).
-IDLE_FLUSH_S = 1.0
+#: A link quiet for this long means the server is idle: export what is batched. The server
+#: passes its ``SGL_PROBE_IDLE_FLUSH_S``; this is that setting's default, for a caller that does not.
+IDLE_FLUSH_S = Config.idle_flush_s
 #: Added to the server's nice value: on a host whose cores SGLang's own processes keep busy, the
 #: scheduler wins the CPU over span encoding; an exporter that falls behind fills the link, and
 #: the server drops (and counts) what does not fit rather than wait.

@@ -232,6 +232,30 @@ def test_summary_reports_the_cores_each_role_kept_busy_per_window_kind(tmp_path:
                                   "other_recording": pytest.approx(0.4), "other_paused": 0.5}}
 
 
+def test_summary_keeps_each_overhead_ab_call_apart_by_tag_with_its_kinds_of_probe_server(tmp_path: Path):
+    import summarize
+
+    def call(kinds: dict) -> dict:
+        return {"windows": {}, "verdict": {k: {"all_pairs": {"median_ratio": r}} for k, r in kinds.items()}}
+
+    (tmp_path / "gpu_sglang_r7_overhead_ab.json").write_text(json.dumps(call({"probe": 0.97, "aa_control": 1.0})))
+    (tmp_path / "gpu_sglang_r8_overhead_ab.json").write_text(json.dumps(call({"none": 0.99, "cputimer": 1.001})))
+    got = summarize.summarize("t", [str(tmp_path)])["overhead_in_server"]
+    assert got["r7"]["probe_recording_over_paused"] == {"median_ratio": 0.97}
+    assert got["r7"]["aa_control"] == {"median_ratio": 1.0} and "cpu_timer_recording_over_paused" not in got["r7"]
+    assert got["r8"]["no_export_recording_over_paused"] == {"median_ratio": 0.99}
+    assert got["r8"]["cpu_timer_recording_over_paused"] == {"median_ratio": 1.001}
+    assert got["r8"]["aa_control"] is None
+
+
+def test_overhead_ab_refuses_an_unknown_kind_of_probe_server_before_starting_anything(tmp_path: Path):
+    import device
+
+    with pytest.raises(ValueError, match="not in"):
+        device.suite_overhead_ab(tmp_path, tmp_path, 1, exports=("probe", "bogus"))
+    assert not list(tmp_path.iterdir())  # no receiver, no server: nothing written
+
+
 def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang"))
     import device

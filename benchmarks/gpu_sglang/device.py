@@ -751,18 +751,26 @@ def ab_judge(windows: dict) -> dict:
 
 
 #: overhead_ab's probe servers by what they export: every step to OTLP/gRPC and a trace dir, to
-#: OTLP only, nothing (the summary line only). An empty SGL_PROBE_TRACE_DIR means none.
-AB_EXPORTS = ("probe", "otlp", "none")
+#: OTLP only, nothing (the summary line only; CUDA events and the drain as usual). An empty
+#: SGL_PROBE_TRACE_DIR means none. ``cputimer``: OTLP and trace dir with SGL_PROBE_TIMER=cpu, i.e.
+#: no CUDA event at all; with ``none`` it splits what recording costs between the GPU events and
+#: the export.
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer")
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
-                      exports: tuple = ("probe",), model: str = "tiny", conc: int = 16, pin: bool = False) -> dict:
+                      exports: tuple = ("probe",), model: str = "tiny", conc: int = 16, pin: bool = False,
+                      aa: bool = True) -> dict:
     """The tiny Llama at ``conc`` (16) concurrent requests, with the probe recording vs paused in
     alternating windows of the same server (no launch-to-launch spread): ``launches`` servers
     exporting every step to OTLP and a trace dir, one server per other entry of ``exports``
     (which splits the cost between the outputs), and one without the probe flipped the same way
     (A/A control). ``model="seed32b"``: the 32B-class config instead (two of its servers fit the
-    GPU: ``--launches 1`` and the probe output only). ``pin``: see :func:`ab_windows`."""
+    GPU: ``--launches 1`` and the probe output only, or ``aa=False`` and two entries of
+    ``exports``). ``pin``: see :func:`ab_windows`."""
+    unknown = set(exports) - set(AB_EXPORTS)
+    if unknown:
+        raise ValueError(f"--ab-exports: {sorted(unknown)} not in {AB_EXPORTS}")
     received = str(out / "received_ab.jsonl")
     rec, endpoint = receiver(received)
     if model == "seed32b":
@@ -771,11 +779,13 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     else:
         plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
     env = {"probe": otlp_env(endpoint), "otlp": {**otlp_env(endpoint), "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
-           "none": {"SGL_PROBE_TRACE_DIR": ""}}
+           "none": {"SGL_PROBE_TRACE_DIR": ""},
+           "cputimer": {**otlp_env(endpoint), "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"}}
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
     servers = [Server(name, 30300 + i, plain, probe=os.environ["GPU_BENCH_PROBE"], out=out,
                       env=env[name.split("_")[1]], pausable=True) for i, name in enumerate(names)]
-    servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
+    if aa:
+        servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
     windows: dict = {}
     try:
         for s in servers:  # SGLang's JIT kernels come from the carried cache
@@ -795,10 +805,11 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
         rec.stdin.close()
         rec.wait(30)
     verdict = {e: ab_judge({k: v for k, v in windows.items() if k.startswith(f"ab_{e}_")})
-               for e in ("probe", "otlp", "none") if any(k.startswith(f"ab_{e}_") for k in windows)}
-    verdict["aa_control"] = ab_judge({k: v for k, v in windows.items() if k.startswith("ab_aa")})
+               for e in AB_EXPORTS if any(k.startswith(f"ab_{e}_") for k in windows)}
+    if aa:
+        verdict["aa_control"] = ab_judge({k: v for k, v in windows.items() if k.startswith("ab_aa")})
     count_exported(verdict, servers, received)
-    return {"windows": windows, "verdict": verdict}
+    return {"model": model, "conc": conc, "windows": windows, "verdict": verdict}
 
 
 def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0, obs: bool = False) -> dict:
@@ -927,6 +938,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="overhead_ab: comma-separated from %s (one server each beyond --launches)" % (AB_EXPORTS,))
     ap.add_argument("--ab-model", choices=["tiny", "seed32b"], default="tiny", help="overhead_ab: which model")
     ap.add_argument("--ab-conc", type=int, default=16, help="overhead_ab: concurrent requests")
+    ap.add_argument("--no-aa", action="store_true", help="overhead_ab: no A/A control server")
     ap.add_argument("--pin-scheduler", action="store_true",
                     help="overhead_ab: give each measured scheduler process a physical core to itself")
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
@@ -946,7 +958,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             elif suite == "overhead_ab":
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
                                         tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,
-                                        args.pin_scheduler)
+                                        args.pin_scheduler, not args.no_aa)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

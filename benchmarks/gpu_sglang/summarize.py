@@ -64,6 +64,32 @@ def merge_seed_overheads(parts: list[dict]) -> dict | None:
     return {"raw": raw, "verdict": verdict}
 
 
+#: overhead_ab's probe servers (device.AB_EXPORTS) by the summary's name for their ratio.
+_AB_FIELDS = {"probe": "probe_recording_over_paused", "otlp": "otlp_only_recording_over_paused",
+              "none": "no_export_recording_over_paused", "cputimer": "cpu_timer_recording_over_paused"}
+
+
+def fold_overhead_ab(ab: dict) -> dict:
+    """One overhead_ab call: recording / paused per kind of probe server, the A/A control, what
+    was exported, and the cores each role kept busy (median over the windows of each kind)."""
+    v = ab.get("verdict", {})
+    out = {field: (v.get(kind) or {}).get("all_pairs") for kind, field in _AB_FIELDS.items() if kind in v}
+    for key in ("model", "conc"):
+        if key in ab:
+            out[key] = ab[key]
+    out.update({"aa_control": (v.get("aa_control") or {}).get("all_pairs"),
+                "received_spans": _probe_names(v.get("received_spans")),
+                "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")})
+    busy = {name: {f"{role}_{'recording' if rec else 'paused'}":
+                   statistics.median(c[role] for c in w["cores_busy"] if c["recording"] is rec)
+                   for role in ("scheduler", "exporter", "other") for rec in (True, False)
+                   if any(c["recording"] is rec for c in w["cores_busy"])}
+            for name, w in (ab.get("windows") or {}).items() if w.get("cores_busy")}
+    if busy:
+        out["cores_busy_p50"] = busy
+    return out
+
+
 def summarize(run: str, dirs: list[str]) -> dict:
     suites: dict = {}
     machine = ""
@@ -75,7 +101,8 @@ def summarize(run: str, dirs: list[str]) -> dict:
             elif Path(path).stem.endswith("_seed_overhead"):
                 suites.setdefault("seed_overheads", []).append(data)
             elif Path(path).stem.endswith("_overhead_ab"):
-                suites["overhead_ab"] = data
+                tag = Path(path).stem[len("gpu_sglang_"):-len("_overhead_ab")]
+                suites.setdefault("overhead_abs", []).append((tag, data))
             else:
                 suites[Path(path).stem.rsplit("_", 1)[1]] = data
         m = Path(d, "machine.txt")
@@ -130,22 +157,11 @@ def summarize(run: str, dirs: list[str]) -> dict:
             for bs, r in v.items() if bs.startswith("bs")}
         out["overhead_seed32b"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead_seed32b"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
-    ab = suites.get("overhead_ab")
-    if ab:
-        v = ab.get("verdict", {})
-        out["overhead_in_server"] = {"probe_recording_over_paused": (v.get("probe") or {}).get("all_pairs"),
-                                     "otlp_only_recording_over_paused": (v.get("otlp") or {}).get("all_pairs"),
-                                     "no_export_recording_over_paused": (v.get("none") or {}).get("all_pairs"),
-                                     "aa_control": (v.get("aa_control") or {}).get("all_pairs"),
-                                     "received_spans": _probe_names(v.get("received_spans")),
-                                     "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}
-        busy = {name: {f"{role}_{'recording' if rec else 'paused'}":
-                       statistics.median(c[role] for c in w["cores_busy"] if c["recording"] is rec)
-                       for role in ("scheduler", "exporter", "other") for rec in (True, False)
-                       if any(c["recording"] is rec for c in w["cores_busy"])}
-                for name, w in (ab.get("windows") or {}).items() if w.get("cores_busy")}
-        if busy:  # cores each role kept busy, median over the windows of each kind
-            out["overhead_in_server"]["cores_busy_p50"] = busy
+    abs_ = suites.get("overhead_abs") or []
+    if len(abs_) == 1:
+        out["overhead_in_server"] = fold_overhead_ab(abs_[0][1])
+    elif abs_:  # several calls (e.g. the tiny model and the 32B-class one): one entry per tag
+        out["overhead_in_server"] = {tag: fold_overhead_ab(ab) for tag, ab in abs_}
     return out
 
 

@@ -107,6 +107,7 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()
+        self._shut_down: Optional[int] = None  # the pid whose shutdown ran (a fork's child has its own)
 
     @property
     def export_dropped(self) -> int:
@@ -221,7 +222,13 @@ class Pipeline:
             self.sink.flush(timeout_s)
 
     def shutdown(self, timeout_s: float = 3.0) -> None:
-        """Bounded: an unreachable collector must not hold the worker's exit hostage."""
+        """Bounded: an unreachable collector must not hold the worker's exit hostage. Once per
+        process: the atexit entry runs after an explicit call, and a second final drain would
+        print a summary line and feed the metrics after their final export."""
+        with self._lock:
+            if self._shut_down == os.getpid():
+                return
+            self._shut_down = os.getpid()
         self._stop.set()
 
         drainer = self._thread if self._pid == os.getpid() else None

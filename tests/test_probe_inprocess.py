@@ -432,3 +432,22 @@ def test_shutdown_waits_for_a_drain_pass_already_under_way(probe_factory, tmp_pa
     pipe.sink.shutdown = lambda t: (seen.append(pipe._thread.is_alive()), real_shutdown(t))
     pipe.shutdown(3.0)
     assert seen == [False]
+
+
+def test_a_second_shutdown_changes_nothing(probe_factory, tmp_path, caplog):
+    """The atexit entry runs after an explicit shutdown: it must not drain again (a summary line
+    and a metrics update after the metrics' final export: the OTLP verdict gauge behind the log)."""
+    probe = probe_factory({"SGL_PROBE_DRAIN_S": "0.05", "SGL_PROBE_SUMMARY_S": "0.01",
+                           "SGL_PROBE_TRACE_DIR": str(tmp_path)})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    pipe = probe.pipeline
+    pipe.shutdown(3.0)
+    drains = []
+    real = pipe.drain
+    pipe.drain = lambda final=False: (drains.append(final), real(final))[1]
+    time.sleep(0.05)  # past the summary interval: a second final drain would print a line
+    with caplog.at_level("INFO", logger="sgl_probe"):
+        pipe.shutdown(3.0)
+    assert drains == [] and "sgl-probe summary" not in caplog.text

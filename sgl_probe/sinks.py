@@ -14,7 +14,6 @@ counted.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from sgl_probe import __version__, contract as C, spans as spans_mod
+from sgl_probe import __version__, contract as C, otlp_json, spans as spans_mod
 from sgl_probe.resolved import ResolvedStep
 
 log = logging.getLogger("sgl_probe")
@@ -48,16 +47,9 @@ class JsonLinesExporter(SpanExporter):
         self._failing = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from google.protobuf import json_format
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-        msg = json_format.MessageToDict(encode_spans(spans))
-        for rs in msg.get("resourceSpans", ()):
-            for ss in rs.get("scopeSpans", ()):
-                for sp in ss.get("spans", ()):
-                    for key in ("traceId", "spanId", "parentSpanId"):
-                        if key in sp:
-                            sp[key] = base64.b64decode(sp[key]).hex()
+        msg = otlp_json.message_to_dict(encode_spans(spans))
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8")
         with self._lock:
             try:

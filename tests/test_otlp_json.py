@@ -1,0 +1,98 @@
+"""The trace dir's OTLP/JSON (sgl_probe.otlp_json) against protobuf's own MessageToDict."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from sgl_probe import otlp_json
+from sgl_probe.sinks import JsonLinesExporter
+
+IDS = ("traceId", "spanId", "parentSpanId")
+
+
+def reference(msg) -> dict:
+    """Protobuf's JSON mapping, then OTLP/JSON's hex ids wherever an id appears (links too)."""
+    def fix(node):
+        if isinstance(node, dict):
+            return {k: base64.b64decode(v).hex() if k in IDS and isinstance(v, str) else fix(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [fix(v) for v in node]
+        return node
+    return fix(json_format.MessageToDict(msg))
+
+
+def spans_of_every_kind() -> list:
+    spans = []
+    for service in ("a", "b"):  # two resources in one batch
+        mem = InMemorySpanExporter()
+        tp = TracerProvider(resource=Resource.create({"service.name": service, "sglang.tp_rank": 3, "f": 0.5}),
+                            span_limits=SpanLimits(max_span_attributes=15, max_event_attributes=2))
+        tp.add_span_processor(SimpleSpanProcessor(mem))
+        tr = tp.get_tracer("sgl_probe", "0.1.0")
+        other = tp.get_tracer("other-scope")  # no version
+        attrs = {"old1": 1, "old2": 2, "s": "x", "empty": "", "t": True, "f": False, "zero": 0, "neg": -7, "big": 2**62 + 1,
+                 "pi": 3.25, "nan": math.nan, "inf": math.inf, "ninf": -math.inf, "ss": ["a", ""],
+                 "bb": [True, False], "ii": [1, -2], "dd": [0.5, -1.5]}  # 17 > 15: the two oldest dropped
+        with tr.start_as_current_span("root", kind=SpanKind.SERVER, attributes=attrs) as root:
+            root.add_event("ev", {"k": 1, "j": "v", "dropped": 2.0}, timestamp=123)
+            root.add_event("bare")
+            with tr.start_as_current_span("child", kind=SpanKind.CLIENT,
+                                          links=[Link(root.get_span_context(), {"why": "test"})]) as child:
+                child.set_status(Status(StatusCode.ERROR, "went wrong"))
+            with other.start_as_current_span("ok") as ok:
+                ok.set_status(Status(StatusCode.OK))
+        spans += mem.get_finished_spans()
+    return spans
+
+
+def test_spans_of_every_kind_come_out_as_message_to_dict_writes_them_with_hex_ids():
+    msg = encode_spans(spans_of_every_kind())
+    got = otlp_json.to_dict(msg)
+    assert got == reference(msg)
+    # The comparison means something: ids hex, 64-bit integers strings, enums names, NaN spelled out.
+    span = next(sp for sp in got["resourceSpans"][0]["scopeSpans"][0]["spans"] if sp["name"] == "root")
+    assert span["droppedAttributesCount"] == 2 and "old1" not in str(span["attributes"])
+    assert len(span["traceId"]) == 32 and len(span["spanId"]) == 16
+    assert isinstance(span["startTimeUnixNano"], str) and span["kind"].startswith("SPAN_KIND_")
+    values = {kv["key"]: kv["value"] for kv in span["attributes"]}
+    assert values["nan"] == {"doubleValue": "NaN"} and values["big"] == {"intValue": str(2**62 + 1)}
+    assert values["empty"] == {"stringValue": ""} and values["zero"] == {"intValue": "0"}
+
+
+def test_values_the_probe_does_not_send_but_otlp_allows_match_too():
+    value = AnyValue(kvlist_value=KeyValueList(values=[
+        KeyValue(key="b", value=AnyValue(bytes_value=b"\x00\xff")),
+        KeyValue(key="arr", value=AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=5), AnyValue()]))),
+        KeyValue(key="unset")]))
+    assert otlp_json.to_dict(value) == json_format.MessageToDict(value)
+    assert otlp_json.to_dict(AnyValue()) == {} == json_format.MessageToDict(AnyValue())
+
+
+def test_a_message_it_cannot_write_falls_back_to_protobufs_own_mapping():
+    from google.protobuf import struct_pb2
+
+    msg = struct_pb2.Struct()
+    msg.update({"traceId": base64.b64encode(b"\x01\x02").decode(), "n": 1})
+    with pytest.raises(TypeError):
+        otlp_json.to_dict(msg)
+    assert otlp_json.message_to_dict(msg) == {"traceId": "0102", "n": 1.0}
+
+
+def test_the_trace_file_holds_the_same_json(tmp_path):
+    spans = spans_of_every_kind()
+    path = tmp_path / "t.jsonl"
+    JsonLinesExporter(str(path)).export(spans)
+    line = path.read_text().splitlines()[0]
+    assert json.loads(line) == json.loads(json.dumps(reference(encode_spans(spans))))

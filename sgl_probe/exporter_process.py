@@ -83,6 +83,10 @@ class ProcessSink:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
         env["SGL_PROBE"] = "0"  # the exporter is not a server process: nothing to instrument
+        # ``-m`` would put the working directory first on sys.path (Python >= 3.11 honours this):
+        # the exporter imports the probe that started it, not a same-named folder where the
+        # server was launched.
+        env["PYTHONSAFEPATH"] = "1"
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sgl_probe.exporter_main", str(theirs.fileno()), str(self.pid),

@@ -229,3 +229,40 @@ def test_a_stalled_exporter_costs_counted_drops_never_a_wait(probe_factory, rece
     assert {k: n for k, n in pipe.dropped_by().items() if n} == {"link": sink.link_dropped}
     steps = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 3001 - lost_steps, timeout=60)
     assert sum(x.name == "sglang.step" for x in steps) == 3001 - lost_steps
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is Python 3.11+")
+def test_the_exporter_imports_the_probe_that_started_it_not_one_in_the_working_directory(tmp_path):
+    """A server launched from a folder holding another ``sgl_probe`` (a checkout of another
+    version, say): ``python -m`` would import that one in the exporter process."""
+    other = tmp_path / "cwd" / "sgl_probe"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("raise ImportError('the sgl_probe of the working directory')\n")
+    trace = tmp_path / "traces"
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, {root!r})
+        from sgl_probe import config
+        from sgl_probe.activate import Probe
+        from tests.test_probe_inprocess import TABLE
+        from tests import workload
+        from tests.workload import Batch, ForwardMode
+
+        probe = Probe(config.load(), targets=TABLE)
+        probe.instrumentor.instrument()
+        sched = workload.Scheduler(None, tp_rank=0)
+        sched.worker.work_s = 0.0
+        for _ in range(5):
+            sched.run_batch(Batch(ForwardMode.DECODE, 2))
+        print(probe.pipeline.sink is not None and probe.pipeline.sink.flush(30.0), flush=True)
+    """).format(root=str(ROOT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE", "PYTHONSAFEPATH"))}
+    env.update({"SGL_PROBE_TRACE_DIR": str(trace), "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_DRAIN_S": "0.05"})
+    done = subprocess.run([sys.executable, "-c", script], cwd=other.parent, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    decode = [sp for f in trace.glob("*.jsonl") for line in f.read_text().splitlines()
+              for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]
+              if sp["name"] == "sglang.decode"]
+    assert len(decode) == 5

@@ -111,7 +111,9 @@ def test_exporter_killed_mid_run_is_counted_and_replaced(probe_factory, receiver
         assert len(lines) == 2 and "no more spans" in lines[1], lines
 
 
-_ORPHAN_SCRIPT = textwrap.dedent("""
+#: A server process with the probe armed from its environment, decoding on the workload's
+#: scheduler (``.format(root=...)``; a script goes on from ``sched``).
+_SERVER_PREAMBLE = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
     from sgl_probe import config
@@ -124,6 +126,9 @@ _ORPHAN_SCRIPT = textwrap.dedent("""
     probe.instrumentor.instrument()
     sched = workload.Scheduler(None, tp_rank=0)
     sched.worker.work_s = 0.0
+""")
+
+_ORPHAN_SCRIPT = _SERVER_PREAMBLE + textwrap.dedent("""
     for _ in range(7):
         sched.run_batch(Batch(ForwardMode.DECODE, 2))
     sink = probe.pipeline.sink
@@ -239,23 +244,11 @@ def test_the_exporter_imports_the_probe_that_started_it_not_one_in_the_working_d
     other.mkdir(parents=True)
     (other / "__init__.py").write_text("raise ImportError('the sgl_probe of the working directory')\n")
     trace = tmp_path / "traces"
-    script = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, {root!r})
-        from sgl_probe import config
-        from sgl_probe.activate import Probe
-        from tests.test_probe_inprocess import TABLE
-        from tests import workload
-        from tests.workload import Batch, ForwardMode
-
-        probe = Probe(config.load(), targets=TABLE)
-        probe.instrumentor.instrument()
-        sched = workload.Scheduler(None, tp_rank=0)
-        sched.worker.work_s = 0.0
+    script = (_SERVER_PREAMBLE + textwrap.dedent("""
         for _ in range(5):
             sched.run_batch(Batch(ForwardMode.DECODE, 2))
         print(probe.pipeline.sink is not None and probe.pipeline.sink.flush(30.0), flush=True)
-    """).format(root=str(ROOT))
+    """)).format(root=str(ROOT))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE", "PYTHONSAFEPATH"))}
     env.update({"SGL_PROBE_TRACE_DIR": str(trace), "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_DRAIN_S": "0.05"})
     done = subprocess.run([sys.executable, "-c", script], cwd=other.parent, env=env, capture_output=True,

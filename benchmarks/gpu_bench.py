@@ -139,9 +139,11 @@ def print_table(r: dict) -> None:
             for k, v in rv.items())))
         p99 = (x.get("p99_step_ratio_vs_untimed") or {}).get("probe")
         gpu99 = (x.get("p99_gpu_step_ratio_vs_untimed") or {}).get("probe")
+        rest99 = (x.get("p99_gpu_step_ratio_vs_untimed_after_first") or {}).get("probe")
         if gpu99 is not None:  # the step time a client sees: completions of consecutive steps
-            print("%-24s p99 step on/off %.4f%s (host call %.4f)" % (
-                "", gpu99, " met" if gpu99 <= 1.01 else " MISSED", p99 if p99 is not None else float("nan")))
+            print("%-24s p99 step on/off %.4f%s (host call %.4f; without each block's first step %.4f)" % (
+                "", gpu99, " met" if gpu99 <= 1.01 else " MISSED", p99 if p99 is not None else float("nan"),
+                rest99 if rest99 is not None else float("nan")))
         elif p99 is not None:
             print("%-24s p99 host step on/off %.4f%s" % ("", p99, " met" if p99 <= 1.01 else " MISSED"))
     for name, x in (r.get("accuracy") or {}).items():

@@ -256,6 +256,24 @@ def test_overhead_ab_refuses_an_unknown_kind_of_probe_server_before_starting_any
     assert not list(tmp_path.iterdir())  # no receiver, no server: nothing written
 
 
+def test_two_passes_over_one_server_join_into_one_set_of_pairs():
+    import device
+
+    def one(rec, paused, gaps_rec, gaps_paused, n):
+        return {"recording": rec, "paused": paused, "cores_busy": [{"recording": True}] * len(rec),
+                "requests": n, "request_errors": 0, "gaps_s": {"recording": gaps_rec, "paused": gaps_paused},
+                "p99_step_ms": {}}
+
+    a = one([1.0, 2.0], [1.0, 2.0], [0.001] * 49, [0.001] * 50, 5)  # 50 gaps: the p99 is the largest
+    b = one([3.0], [4.0], [0.010], [0.002], 2)
+    got = device.merge_windows(a, b)
+    assert got["recording"] == [1.0, 2.0, 3.0] and got["paused"] == [1.0, 2.0, 4.0]
+    assert got["requests"] == 7 and len(got["cores_busy"]) == 3
+    assert got["p99_step_ms"]["recording"] == pytest.approx(10.0)  # the slow gap is the second pass's
+    assert got["p99_step_ms"]["paused"] == pytest.approx(2.0)
+    assert device.merge_windows(None, b) is b and device.merge_windows(a, {"error": "x"}) is a
+
+
 def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang"))
     import device

@@ -725,10 +725,32 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
         paused.append(got[False])
         log(f"{srv.name} pair {j // 2}: recording {got[True]:.0f} paused {got[False]:.0f} tok/s "
             f"ratio {got[True] / got[False]:.4f}")
-    p99 = {r: analysis.percentile(load.gaps_in([(a, b) for s, a, b in spans if s is r]), 0.99) for r in (True, False)}
+    gaps = {r: load.gaps_in([(a, b) for s, a, b in spans if s is r]) for r in (True, False)}
     return {"recording": rec, "paused": paused, "schedulers": len(pids), "cores_busy": cpu,
             "load": "steady", "requests": len(load.done), "request_errors": load.errors, "pinned": pinned,
-            "p99_step_ms": {"recording": p99[True] and p99[True] * 1e3, "paused": p99[False] and p99[False] * 1e3}}
+            "gaps_s": {"recording": gaps[True], "paused": gaps[False]}, "p99_step_ms": _p99_ms(gaps[True], gaps[False])}
+
+
+def _p99_ms(recording: list, paused: list) -> dict:
+    p99 = {k: analysis.percentile(g, 0.99) for k, g in (("recording", recording), ("paused", paused))}
+    return {k: v and v * 1e3 for k, v in p99.items()}
+
+
+def merge_windows(a: Optional[dict], b: dict) -> dict:
+    """Two ``ab_windows`` passes over one server as one: pairs, per-window CPU, requests and the
+    streamed step gaps joined, the p99 taken over both."""
+    if not a or "recording" not in a:
+        return b
+    if "recording" not in b:
+        return a
+    out = dict(a)
+    for key in ("recording", "paused", "cores_busy"):
+        out[key] = a[key] + b[key]
+    out["requests"] = a["requests"] + b["requests"]
+    out["request_errors"] = a["request_errors"] + b["request_errors"]
+    out["gaps_s"] = {k: a["gaps_s"][k] + b["gaps_s"][k] for k in ("recording", "paused")}
+    out["p99_step_ms"] = _p99_ms(out["gaps_s"]["recording"], out["gaps_s"]["paused"])
+    return out
 
 
 def ab_judge(windows: dict) -> dict:
@@ -765,7 +787,8 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     alternating windows of the same server (no launch-to-launch spread): ``launches`` servers
     exporting every step to OTLP and a trace dir, one server per other entry of ``exports``
     (which splits the cost between the outputs), and one without the probe flipped the same way
-    (A/A control). ``model="seed32b"``: the 32B-class config instead (two of its servers fit the
+    (A/A control); two passes over the servers, the second in reverse order, so that no kind is
+    only ever measured first. ``model="seed32b"``: the 32B-class config instead (two of its servers fit the
     GPU: ``--launches 1`` and the probe output only, or ``aa=False`` and two entries of
     ``exports``). ``pin``: see :func:`ab_windows`."""
     unknown = set(exports) - set(AB_EXPORTS)
@@ -794,16 +817,25 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
         live = [s for s in servers if ok[s.name]]
         for s in live:
             s.pause()
-        for s in live:
-            s.resume()
-            time.sleep(1.0)
-            windows[s.name] = ab_windows(s, pairs, conc, 128, window_s, pin)
-            s.pause()
-            log(f"{s.name}: {ab_judge({s.name: windows[s.name]}).get('all_pairs')}")
+        # Two passes, the second in the reverse order, half the pairs each: every kind of server
+        # is measured both early and late in the call (the first server measured after startup
+        # has shown slower first windows than the rest).
+        first = (pairs + 1) // 2
+        for order, n_pairs in ((live, first), (live[::-1], pairs - first)):
+            for s in order:
+                if n_pairs <= 0 or late():
+                    break
+                s.resume()
+                time.sleep(1.0)
+                windows[s.name] = merge_windows(windows.get(s.name), ab_windows(s, n_pairs, conc, 128, window_s, pin))
+                s.pause()
+                log(f"{s.name}: {ab_judge({s.name: windows[s.name]}).get('all_pairs')}")
     finally:
         concurrent(lambda s: s.stop(), servers)
         rec.stdin.close()
         rec.wait(30)
+    for w in windows.values():  # the p99 is kept; the raw gaps would be most of the file
+        w.pop("gaps_s", None)
     verdict = {e: ab_judge({k: v for k, v in windows.items() if k.startswith(f"ab_{e}_")})
                for e in AB_EXPORTS if any(k.startswith(f"ab_{e}_") for k in windows)}
     if aa:

@@ -108,6 +108,7 @@ class Pipeline:
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()
         self._shut_down: Optional[int] = None  # the pid whose shutdown ran (a fork's child has its own)
+        self._shutdown_lock = threading.Lock()
 
     @property
     def export_dropped(self) -> int:
@@ -225,7 +226,7 @@ class Pipeline:
         """Bounded: an unreachable collector must not hold the worker's exit hostage. Once per
         process: the atexit entry runs after an explicit call, and a second final drain would
         print a summary line and feed the metrics after their final export."""
-        with self._lock:
+        with self._shutdown_lock:  # not ``_lock``: a drain in progress on this thread holds that one
             if self._shut_down == os.getpid():
                 return
             self._shut_down = os.getpid()

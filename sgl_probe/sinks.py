@@ -24,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from sgl_probe import __version__, contract as C, otlp_json, spans as spans_mod
+from sgl_probe import __version__, contract as C, spans as spans_mod
 from sgl_probe.resolved import ResolvedStep
 
 log = logging.getLogger("sgl_probe")
@@ -47,7 +47,11 @@ class JsonLinesExporter(SpanExporter):
         self._failing = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        # Here, not at the top: the server process imports this module but writes no trace file
+        # (the exporter process does), and needs no protobuf.
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        from sgl_probe import otlp_json
 
         msg = otlp_json.message_to_dict(encode_spans(spans))
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8")

@@ -96,3 +96,19 @@ def test_the_trace_file_holds_the_same_json(tmp_path):
     JsonLinesExporter(str(path)).export(spans)
     line = path.read_text().splitlines()[0]
     assert json.loads(line) == json.loads(json.dumps(reference(encode_spans(spans))))
+
+
+def test_the_server_process_side_of_the_export_does_not_import_protobuf():
+    """The trace file is written in the exporter process; the scheduler process only imports the
+    modules that hold the writer."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; import sgl_probe.export, sgl_probe.sinks; "
+            "print(sorted(m for m in sys.modules if m.startswith('google.protobuf')))")
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

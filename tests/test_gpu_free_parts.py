@@ -505,3 +505,12 @@ def test_loop_step_quantiles_and_p99_ratio():
     assert loops.step_quantiles([]) is None
     assert loops.p99_ratio(steps, [0.002] * 100) == pytest.approx(5.0)
     assert loops.p99_ratio([], steps) is None and loops.p99_ratio(steps, [0.0]) is None
+
+
+def test_loop_steps_after_each_blocks_first():
+    _bench()
+    import gpu_bench_loops as loops
+
+    two_blocks = [9.0, 1.0, 1.0, 8.0, 2.0, 2.0]  # blocks of 3; each starts slow
+    assert loops.after_first(two_blocks, 3) == [1.0, 1.0, 2.0, 2.0]
+    assert loops.after_first([], 3) == []

@@ -23,6 +23,7 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 #: OTLP/JSON writes these bytes fields in hex (ids of traces and spans); every other bytes field
 #: is base64, as in protobuf's JSON mapping.
 HEX_FIELDS = frozenset(("trace_id", "span_id", "parent_span_id"))
+_HEX_JSON = frozenset(("traceId", "spanId", "parentSpanId"))  # the same, as MessageToDict names them
 
 _INT64 = frozenset((FD.TYPE_INT64, FD.TYPE_UINT64, FD.TYPE_SINT64, FD.TYPE_FIXED64, FD.TYPE_SFIXED64))
 
@@ -162,5 +163,3 @@ def _hex_ids(node: Any) -> None:
         for value in node:
             _hex_ids(value)
 
-
-_HEX_JSON = frozenset(("traceId", "spanId", "parentSpanId"))

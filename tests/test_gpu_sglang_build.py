@@ -232,6 +232,23 @@ def test_summary_reports_the_cores_each_role_kept_busy_per_window_kind(tmp_path:
                                   "other_recording": pytest.approx(0.4), "other_paused": 0.5}}
 
 
+def test_summary_reports_the_scheduler_threads_per_window_kind(tmp_path: Path):
+    import summarize
+
+    def window(rec: bool, asleep: float) -> dict:
+        threads = {k: 0.0 for k in summarize.THREAD_KEYS}
+        threads.update(main_asleep=asleep, main_cpu=1.0 - asleep)
+        return {"recording": rec, "scheduler": 1.0, "exporter": 0.0, "other": 0.0, "threads": threads}
+
+    busy = [window(True, 0.10), window(True, 0.30), window(True, 0.05), window(False, 0.02)]
+    doc = {"windows": {"ab_probe_0": {"recording": [1.0], "paused": [1.0], "cores_busy": busy}}, "verdict": {}}
+    (tmp_path / "gpu_sglang_rX_overhead_ab.json").write_text(json.dumps(doc))
+    got = summarize.summarize("t", [str(tmp_path)])["overhead_in_server"]["scheduler_threads_p50"]["ab_probe_0"]
+    assert got["main_asleep_recording"] == pytest.approx(0.10) and got["main_asleep_paused"] == pytest.approx(0.02)
+    assert got["main_cpu_recording"] == pytest.approx(0.90) and set(got) == {
+        f"{k}_{r}" for k in summarize.THREAD_KEYS for r in ("recording", "paused")}
+
+
 def test_summary_keeps_each_overhead_ab_call_apart_by_tag_with_its_kinds_of_probe_server(tmp_path: Path):
     import summarize
 

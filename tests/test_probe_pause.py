@@ -102,6 +102,32 @@ def test_group_cpu_is_summed_by_role_within_the_group_only():
             p.wait()
 
 
+def test_thread_use_tells_a_sleeping_main_thread_from_a_busy_other_thread():
+    control = _load("control")
+    # The main thread sleeps in short naps (voluntary switches) while another thread burns CPU.
+    code = ("import threading, time\n"
+            "def burn():\n"
+            "    while True: sum(range(1000))\n"
+            "threading.Thread(target=burn, daemon=True).start()\n"
+            "while True: time.sleep(0.001)\n")
+    proc = subprocess.Popen(["python3", "-c", code])
+    try:
+        time.sleep(0.5)
+        a, t0 = control.thread_times(proc.pid), time.monotonic()
+        time.sleep(1.0)
+        b, t1 = control.thread_times(proc.pid), time.monotonic()
+        assert proc.pid in a and len(b) >= 2
+        got = control.thread_use(a, b, proc.pid, t1 - t0)
+        # Under the GIL the napping main thread gets little CPU; the burner gets most of a core.
+        assert got["main_cpu"] < 0.5 and got["main_asleep"] > 0.2
+        assert got["main_vcsw_per_s"] > 50
+        assert got["busiest_other_cpu"] > 0.5 and got["others_cpu"] >= got["busiest_other_cpu"]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert control.thread_times(proc.pid) == {}  # gone: nothing, no error
+
+
 def test_scheduler_core_takes_a_whole_physical_core_and_leaves_the_rest(tmp_path):
     control = _load("control")
     assert control.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}

@@ -708,13 +708,15 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
             for recording in ((True, False) if i % 2 == 0 else (False, True)):
                 pause.set_recording(pids, recording, srv.pause_dir)
                 time.sleep(0.2)  # requests in flight finish their step under the new state
-                c0, t0 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
+                c0, th0, t0 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
                 time.sleep(window_s)
-                c1, t1 = pause.group_cpu_s(srv.proc.pid), time.perf_counter()
+                c1, th1, t1 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
                 spans.append((recording, t0, t1))
                 # Cores each role kept busy during the window (the exporter's share says whether
-                # its CPU can be what the recording windows lose).
-                cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1}})
+                # its CPU can be what the recording windows lose), and the scheduler thread's own
+                # time: asleep more while recording means waiting on the probe's threads (GIL).
+                cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1},
+                            "threads": pause.thread_use(th0, th1, pids[0], t1 - t0)})
     finally:
         load.stop()
         pause.set_recording(pids, True, srv.pause_dir)

@@ -87,7 +87,20 @@ def fold_overhead_ab(ab: dict) -> dict:
             for name, w in (ab.get("windows") or {}).items() if w.get("cores_busy")}
     if busy:
         out["cores_busy_p50"] = busy
+    threads = {name: {f"{key}_{'recording' if rec else 'paused'}":
+                      statistics.median(c["threads"][key] for c in w["cores_busy"] if c["recording"] is rec)
+                      for key in THREAD_KEYS for rec in (True, False)
+                      if any(c["recording"] is rec for c in w["cores_busy"])}
+               for name, w in (ab.get("windows") or {}).items()
+               if w.get("cores_busy") and all("threads" in c for c in w["cores_busy"])}
+    if threads:
+        out["scheduler_threads_p50"] = threads
     return out
+
+
+#: What ``probe_pause.control.thread_use`` reports per window of the scheduler process.
+THREAD_KEYS = ("main_cpu", "main_runq", "main_asleep", "main_vcsw_per_s", "main_ivcsw_per_s",
+               "others_cpu", "busiest_other_cpu")
 
 
 def summarize(run: str, dirs: list[str]) -> dict:

@@ -57,6 +57,50 @@ def group_cpu_s(pgid: int) -> dict[str, float]:
     return out
 
 
+def thread_times(pid: int) -> dict[int, tuple[float, float, int, int]]:
+    """Per thread of ``pid``: (CPU seconds, seconds runnable but waiting for a CPU, voluntary and
+    involuntary context switches). A thread of a CPU-bound process that sleeps instead (switches
+    voluntarily) is waiting on something: for a scheduler thread that only ever blocks on the
+    GPU, the GIL is what another thread of its process can make it wait for. CPU time is the
+    kernel's schedstat (ns) where it keeps one, else the stat ticks (no runqueue time then)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[float, float, int, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for entry in tids:
+        task = Path("/proc", str(pid), "task", entry)
+        try:
+            run_ns, wait_ns, _ = (int(x) for x in (task / "schedstat").read_text().split())
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            status = (task / "status").read_text()
+        except (OSError, ValueError):
+            continue
+        cpu = run_ns / 1e9 if run_ns else (int(fields[11]) + int(fields[12])) / tick
+        switches = {k: int(v) for k, _, v in (line.partition(":") for line in status.splitlines())
+                    if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")}
+        out[int(entry)] = (cpu, wait_ns / 1e9, switches.get("voluntary_ctxt_switches", 0),
+                           switches.get("nonvoluntary_ctxt_switches", 0))
+    return out
+
+
+def thread_use(before: dict, after: dict, pid: int, seconds: float) -> dict[str, float]:
+    """What :func:`thread_times` says happened in between, per second of ``seconds``: the main
+    thread's (SGLang's scheduler loop) share on a CPU, waiting for one and asleep (the rest), its
+    switches per second, and the CPU of every other thread together and of the busiest one."""
+    def delta(tid: int) -> tuple:
+        a, b = before.get(tid), after.get(tid)
+        return tuple(y - x for x, y in zip(a, b)) if a and b else (0.0, 0.0, 0, 0)
+
+    main = delta(pid)
+    others = [delta(t)[0] for t in after if t != pid]
+    return {"main_cpu": main[0] / seconds, "main_runq": main[1] / seconds,
+            "main_asleep": max(0.0, 1.0 - (main[0] + main[1]) / seconds),
+            "main_vcsw_per_s": main[2] / seconds, "main_ivcsw_per_s": main[3] / seconds,
+            "others_cpu": sum(others) / seconds, "busiest_other_cpu": max(others, default=0.0) / seconds}
+
+
 def parse_cpu_list(text: str) -> set[int]:
     """The kernel's CPU list format (``0-3,8,10-11``)."""
     out: set[int] = set()

@@ -71,7 +71,8 @@ _AB_FIELDS = {"probe": "probe_recording_over_paused", "otlp": "otlp_only_recordi
 
 def fold_overhead_ab(ab: dict) -> dict:
     """One overhead_ab call: recording / paused per kind of probe server, the A/A control, what
-    was exported, and the cores each role kept busy (median over the windows of each kind)."""
+    was exported, the cores each role kept busy and the scheduler process's threads (medians over
+    the windows of each kind)."""
     v = ab.get("verdict", {})
     out = {field: (v.get(kind) or {}).get("all_pairs") for kind, field in _AB_FIELDS.items() if kind in v}
     for key in ("model", "conc"):
@@ -80,22 +81,24 @@ def fold_overhead_ab(ab: dict) -> dict:
     out.update({"aa_control": (v.get("aa_control") or {}).get("all_pairs"),
                 "received_spans": _probe_names(v.get("received_spans")),
                 "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")})
-    busy = {name: {f"{role}_{'recording' if rec else 'paused'}":
-                   statistics.median(c[role] for c in w["cores_busy"] if c["recording"] is rec)
-                   for role in ("scheduler", "exporter", "other") for rec in (True, False)
-                   if any(c["recording"] is rec for c in w["cores_busy"])}
-            for name, w in (ab.get("windows") or {}).items() if w.get("cores_busy")}
+    windows = (ab.get("windows") or {}).items()
+    busy = {name: _kind_medians(w["cores_busy"], ("scheduler", "exporter", "other"), lambda c, k: c[k])
+            for name, w in windows if w.get("cores_busy")}
     if busy:
         out["cores_busy_p50"] = busy
-    threads = {name: {f"{key}_{'recording' if rec else 'paused'}":
-                      statistics.median(c["threads"][key] for c in w["cores_busy"] if c["recording"] is rec)
-                      for key in THREAD_KEYS for rec in (True, False)
-                      if any(c["recording"] is rec for c in w["cores_busy"])}
-               for name, w in (ab.get("windows") or {}).items()
-               if w.get("cores_busy") and all("threads" in c for c in w["cores_busy"])}
+    threads = {name: _kind_medians(w["cores_busy"], THREAD_KEYS, lambda c, k: c["threads"][k])
+               for name, w in windows if w.get("cores_busy") and all("threads" in c for c in w["cores_busy"])}
     if threads:
         out["scheduler_threads_p50"] = threads
     return out
+
+
+def _kind_medians(cores_busy: list, keys: tuple, value) -> dict:
+    """``{key}_recording`` / ``{key}_paused``: the median of ``value(window, key)`` over the
+    windows of each kind that the server had."""
+    return {f"{key}_{'recording' if rec else 'paused'}":
+            statistics.median(value(c, key) for c in cores_busy if c["recording"] is rec)
+            for key in keys for rec in (True, False) if any(c["recording"] is rec for c in cores_busy)}
 
 
 #: What ``probe_pause.control.thread_use`` reports per window of the scheduler process.

@@ -50,11 +50,15 @@ def scheduler_pids(pgid: int) -> list[int]:
 def group_cpu_s(pgid: int) -> dict[str, float]:
     """CPU seconds (user + system) the processes of group ``pgid`` have used, summed by
     :func:`role_of`. Differences of two calls give what each role spent in between."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {"scheduler": 0.0, "exporter": 0.0, "other": 0.0}
     for _, fields, cmdline in _group(pgid):
-        out[_role(cmdline)] += (int(fields[11]) + int(fields[12])) / tick
+        out[_role(cmdline)] += _stat_cpu_s(fields)
     return out
+
+
+def _stat_cpu_s(fields: list) -> float:
+    """User + system CPU seconds from a /proc ``stat`` line's fields after the command name."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_times(pid: int) -> dict[int, tuple[float, float, int, int]]:
@@ -63,7 +67,6 @@ def thread_times(pid: int) -> dict[int, tuple[float, float, int, int]]:
     voluntarily) is waiting on something: for a scheduler thread that only ever blocks on the
     GPU, the GIL is what another thread of its process can make it wait for. CPU time is the
     kernel's schedstat (ns) where it keeps one, else the stat ticks (no runqueue time then)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[int, tuple[float, float, int, int]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -77,7 +80,7 @@ def thread_times(pid: int) -> dict[int, tuple[float, float, int, int]]:
             status = (task / "status").read_text()
         except (OSError, ValueError):
             continue
-        cpu = run_ns / 1e9 if run_ns else (int(fields[11]) + int(fields[12])) / tick
+        cpu = run_ns / 1e9 if run_ns else _stat_cpu_s(fields)
         switches = {k: int(v) for k, _, v in (line.partition(":") for line in status.splitlines())
                     if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")}
         out[int(entry)] = (cpu, wait_ns / 1e9, switches.get("voluntary_ctxt_switches", 0),

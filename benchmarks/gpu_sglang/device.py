@@ -779,7 +779,7 @@ def ab_judge(windows: dict) -> dict:
 #: SGL_PROBE_TRACE_DIR means none. ``cputimer``: OTLP and trace dir with SGL_PROBE_TIMER=cpu, i.e.
 #: no CUDA event at all; with ``none`` it splits what recording costs between the GPU events and
 #: the export.
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer")
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref")
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
@@ -792,10 +792,13 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     (A/A control); two passes over the servers, the second in reverse order, so that no kind is
     only ever measured first. ``model="seed32b"``: the 32B-class config instead (two of its servers fit the
     GPU: ``--launches 1`` and the probe output only, or ``aa=False`` and two entries of
-    ``exports``). ``pin``: see :func:`ab_windows`."""
+    ``exports``). ``ref``: the probe's outputs (OTLP and a trace dir) from the wheel of ``build.py
+    --ref REV``, so two revisions are measured in one call. ``pin``: see :func:`ab_windows`."""
     unknown = set(exports) - set(AB_EXPORTS)
     if unknown:
         raise ValueError(f"--ab-exports: {sorted(unknown)} not in {AB_EXPORTS}")
+    if "ref" in exports and not Path(os.environ.get("GPU_BENCH_PROBE_REF") or "/nonexistent").is_dir():
+        raise ValueError("--ab-exports ref: no reference wheel installed (build.py --ref REV)")
     received = str(out / "received_ab.jsonl")
     rec, endpoint = receiver(received)
     if model == "seed32b":
@@ -805,10 +808,12 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
         plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
     env = {"probe": otlp_env(endpoint), "otlp": {**otlp_env(endpoint), "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
            "none": {"SGL_PROBE_TRACE_DIR": ""},
-           "cputimer": {**otlp_env(endpoint), "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"}}
+           "cputimer": {**otlp_env(endpoint), "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
+           "ref": {**otlp_env(endpoint), "OTEL_SERVICE_NAME": "sglang-ref"}}
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
-    servers = [Server(name, 30300 + i, plain, probe=os.environ["GPU_BENCH_PROBE"], out=out,
-                      env=env[name.split("_")[1]], pausable=True) for i, name in enumerate(names)]
+    wheel = {"ref": os.environ.get("GPU_BENCH_PROBE_REF")}
+    servers = [Server(name, 30300 + i, plain, probe=wheel.get(name.split("_")[1]) or os.environ["GPU_BENCH_PROBE"],
+                      out=out, env=env[name.split("_")[1]], pausable=True) for i, name in enumerate(names)]
     if aa:
         servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
     windows: dict = {}

@@ -784,7 +784,7 @@ AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref")
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
                       exports: tuple = ("probe",), model: str = "tiny", conc: int = 16, pin: bool = False,
-                      aa: bool = True) -> dict:
+                      aa: bool = True, reverse: bool = False) -> dict:
     """The tiny Llama at ``conc`` (16) concurrent requests, with the probe recording vs paused in
     alternating windows of the same server (no launch-to-launch spread): ``launches`` servers
     exporting every step to OTLP and a trace dir, one server per other entry of ``exports``
@@ -793,7 +793,9 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     only ever measured first. ``model="seed32b"``: the 32B-class config instead (two of its servers fit the
     GPU: ``--launches 1`` and the probe output only, or ``aa=False`` and two entries of
     ``exports``). ``ref``: the probe's outputs (OTLP and a trace dir) from the wheel of ``build.py
-    --ref REV``, so two revisions are measured in one call. ``pin``: see :func:`ab_windows`."""
+    --ref REV``, so two revisions are measured in one call. ``pin``: see :func:`ab_windows`.
+    ``reverse``: the probe servers start (and take ports) in the reverse order, the last of
+    ``exports`` first, so no kind is always the first server up."""
     unknown = set(exports) - set(AB_EXPORTS)
     if unknown:
         raise ValueError(f"--ab-exports: {sorted(unknown)} not in {AB_EXPORTS}")
@@ -811,6 +813,8 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
            "cputimer": {**otlp_env(endpoint), "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
            "ref": {**otlp_env(endpoint), "OTEL_SERVICE_NAME": "sglang-ref"}}
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
+    if reverse:
+        names.reverse()
     wheel = {"ref": os.environ.get("GPU_BENCH_PROBE_REF")}
     servers = [Server(name, 30300 + i, plain, probe=wheel.get(name.split("_")[1]) or os.environ["GPU_BENCH_PROBE"],
                       out=out, env=env[name.split("_")[1]], pausable=True) for i, name in enumerate(names)]
@@ -978,6 +982,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ab-model", choices=["tiny", "seed32b"], default="tiny", help="overhead_ab: which model")
     ap.add_argument("--ab-conc", type=int, default=16, help="overhead_ab: concurrent requests")
     ap.add_argument("--no-aa", action="store_true", help="overhead_ab: no A/A control server")
+    ap.add_argument("--ab-reverse", action="store_true", help="overhead_ab: start the probe servers in reverse order")
     ap.add_argument("--pin-scheduler", action="store_true",
                     help="overhead_ab: give each measured scheduler process a physical core to itself")
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
@@ -997,7 +1002,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             elif suite == "overhead_ab":
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
                                         tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,
-                                        args.pin_scheduler, not args.no_aa)
+                                        args.pin_scheduler, not args.no_aa, args.ab_reverse)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

@@ -1,15 +1,15 @@
 """Where resolved steps become spans and leave: OTLP and the trace dir, behind bounded queues.
 
 A :class:`SpanSink` builds the spans of a resolved step (:mod:`sgl_probe.spans`) and hands them to
-one SDK ``BatchSpanProcessor``, whose batches are encoded once and written by every output
-(:mod:`sgl_probe.outlets`). It runs in the exporter process (:mod:`sgl_probe.exporter_main`), or
-in the server's process when that one cannot be started.
+one SDK ``BatchSpanProcessor`` per exporter. It runs in the exporter process
+(:mod:`sgl_probe.exporter_main`), or in the server's process when that one cannot be started.
 
 Exporters follow the standard OpenTelemetry variables (``OTEL_EXPORTER_OTLP_*``,
 ``OTEL_SERVICE_NAME``, ``OTEL_BSP_*``). Drops are counted through public interfaces only: each
-output counts the spans its exporter has finished with, and takes a span only while fewer than
-``OTEL_BSP_MAX_QUEUE_SIZE`` of its spans are in flight (so the SDK's own queue never overflows
-silently); a span that finds no room, or whose export failed, is dropped and counted.
+exporter is wrapped to count the spans it has finished with, and a span is handed to a processor
+only while fewer than ``OTEL_BSP_MAX_QUEUE_SIZE`` are in flight there (so the SDK's own queue
+never overflows silently); a span that finds no room, or whose export failed, is dropped and
+counted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import threading
-import time
 from typing import Any, Mapping, Optional, Sequence
 
 from opentelemetry.sdk.resources import Resource
@@ -26,14 +25,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from sgl_probe import __version__, contract as C, spans as spans_mod
-from sgl_probe.outlets import Outlet, SharedEncoding, request_of
 from sgl_probe.resolved import ResolvedStep
 
 log = logging.getLogger("sgl_probe")
 
 _PROTOCOLS = ("grpc", "http/protobuf")
 _DEFAULT_QUEUE = 2048  # the SDK's default for OTEL_BSP_MAX_QUEUE_SIZE
-_DEFAULT_BATCH = 512  # and for OTEL_BSP_MAX_EXPORT_BATCH_SIZE
 
 
 class JsonLinesExporter(SpanExporter):
@@ -56,8 +53,7 @@ class JsonLinesExporter(SpanExporter):
 
         from sgl_probe import otlp_json
 
-        request = request_of(spans)
-        msg = otlp_json.message_to_dict(request if request is not None else encode_spans(spans))
+        msg = otlp_json.message_to_dict(encode_spans(spans))
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8")
         with self._lock:
             try:
@@ -105,30 +101,10 @@ def otlp_exporter(environ: Mapping[str, str] = os.environ) -> Optional[SpanExpor
                     "using 'grpc'", raw, ", ".join(_PROTOCOLS))
         raw = "grpc"
     if raw == "grpc":
-        return _shared_encoding_grpc()()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter()
-
-
-_grpc_class: Optional[type] = None
-
-
-def _shared_encoding_grpc() -> type:
-    """The SDK's gRPC span exporter, sending a batch's shared encoding (:mod:`sgl_probe.outlets`)
-    when it has one. ``_translate_data`` is that exporter's own step from spans to the request it
-    sends (every release since 1.20 has it and calls it once per attempt); spans without an encoding go
-    through it unchanged. The HTTP exporter has no such step and encodes the spans itself."""
-    global _grpc_class
-    if _grpc_class is None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        class SharedEncodingOTLPSpanExporter(OTLPSpanExporter):
-            def _translate_data(self, data: Any) -> Any:
-                request = request_of(data)
-                return request if request is not None else super()._translate_data(data)
-
-        _grpc_class = SharedEncodingOTLPSpanExporter
-    return _grpc_class
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter()
 
 
 def otlp_configured(environ: Mapping[str, str] = os.environ) -> bool:
@@ -158,20 +134,7 @@ def make_resource(ident: dict, run_id: str, sglang_version: Optional[str], pid: 
     # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win; otherwise the service is "sglang".
     if res.attributes.get("service.name", "").startswith("unknown_service"):
         res = res.merge(Resource({"service.name": C.DEFAULT_SERVICE_NAME}))
-    return HashedOnce(res.attributes, res.schema_url)
-
-
-class HashedOnce(Resource):
-    """A resource whose hash is computed once. The SDK's encoder groups spans by resource, hashing
-    each span's, and ``Resource.__hash__`` writes all its attributes as JSON every time (~8 µs per
-    span on a CPU where the rest of the encoding costs ~30); a resource never changes."""
-
-    def __init__(self, attributes: Any, schema_url: Optional[str] = None) -> None:
-        super().__init__(attributes, schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
+    return res
 
 
 def _queue_size(environ: Mapping[str, str]) -> int:
@@ -187,21 +150,67 @@ def _queue_size(environ: Mapping[str, str]) -> int:
     return size
 
 
-class SpanSink:
-    """Builds spans and exports them; ``dropped`` counts every span that did not make it.
+class _Counted(SpanExporter):
+    """Counts the spans its exporter has finished with (exported or failed)."""
 
-    One ``BatchSpanProcessor`` batches the spans for every output and encodes each batch once
-    (:mod:`sgl_probe.outlets`); each output takes a span only while fewer than
-    ``OTEL_BSP_MAX_QUEUE_SIZE`` of its spans are in flight, so the processor's own queue (as large)
-    never overflows silently."""
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.done = 0
+        self.failed = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:
+            log.warning("sgl-probe: exporter %s failed: %r", type(self.inner).__name__, exc)
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            self.failed += len(spans)
+        self.done += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class _Bounded:
+    """A BatchSpanProcessor that is handed a span only when its queue has room."""
+
+    def __init__(self, name: str, exporter: SpanExporter, max_queue: int, delay_ms: Optional[int] = None) -> None:
+        self.name = name  # what the summary line's drop breakdown calls it
+        self.counted = _Counted(exporter)
+        self.max_queue = max_queue
+        self.handed = 0
+        self.full = 0
+        self.processor = BatchSpanProcessor(self.counted, max_queue_size=max_queue, schedule_delay_millis=delay_ms)
+
+    def offer(self, spans: list) -> None:
+        room = self.max_queue - (self.handed - self.counted.done)
+        if room < len(spans):
+            self.full += len(spans) - max(room, 0)
+            spans = spans[:max(room, 0)]
+        self.handed += len(spans)
+        on_end = self.processor.on_end
+        for span in spans:
+            on_end(span)
+
+    @property
+    def dropped(self) -> int:
+        return self.full + self.counted.failed
+
+
+class SpanSink:
+    """Builds spans and exports them; ``dropped`` counts every span that did not make it."""
 
     def __init__(self, trace_dir: Optional[str], pid: int, environ: Mapping[str, str] = os.environ,
                  delay_ms: Optional[int] = None) -> None:
         """``delay_ms``: the batch delay when ``OTEL_BSP_SCHEDULE_DELAY`` does not set one (the
         SDK's default otherwise)."""
-        self.outputs: list[Outlet] = []
+        self.outputs: list[_Bounded] = []
         self.exported = 0
-        self._lock = threading.Lock()
         queue = _queue_size(environ)
         if (environ.get("OTEL_BSP_SCHEDULE_DELAY") or "").strip():
             delay_ms = None
@@ -218,20 +227,12 @@ class SpanSink:
                 exporters.append(("trace_dir", JsonLinesExporter(trace_file(trace_dir, pid))))
             except OSError as exc:
                 log.warning("sgl-probe: %s=%r is not usable (%s); no trace files", C.ENV_TRACE_DIR, trace_dir, exc)
-        self.processor: Optional[BatchSpanProcessor] = None
-        if not exporters:
-            return
-        outlets: list[Outlet] = []  # filled once the processor has accepted the OTEL_BSP_* settings
-        encoding = SharedEncoding(outlets)
-        try:
-            self.processor = BatchSpanProcessor(encoding, max_queue_size=queue, schedule_delay_millis=delay_ms)
-        except ValueError as exc:  # e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE above the queue size
-            log.warning("sgl-probe: OTEL_BSP_* settings rejected (%s); using the SDK defaults", exc)
-            queue = _DEFAULT_QUEUE
-            self.processor = BatchSpanProcessor(encoding, max_queue_size=queue, schedule_delay_millis=delay_ms,
-                                                max_export_batch_size=_DEFAULT_BATCH)
-        outlets += [Outlet(name, exporter, queue) for name, exporter in exporters]
-        self.outputs = outlets
+        for name, exporter in exporters:
+            try:
+                self.outputs.append(_Bounded(name, exporter, queue, delay_ms))
+            except ValueError as exc:  # e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE above the queue size
+                log.warning("sgl-probe: OTEL_BSP_* settings rejected (%s); using the SDK defaults", exc)
+                self.outputs.append(_Bounded(name, exporter, _DEFAULT_QUEUE, delay_ms))
 
     def steps(self, steps: Sequence[ResolvedStep], run_id: str, ident: dict, spec: dict, resource: Any,
               kept_slow: Sequence[bool] = ()) -> None:
@@ -243,18 +244,9 @@ class SpanSink:
         self.offer(spans)
 
     def offer(self, spans: list) -> None:
-        with self._lock:  # admission and hand-over in one order for every output
-            self.exported += len(spans)
-            if self.processor is None:
-                return
-            takes = [out.admit(spans) for out in self.outputs]
-            most = max(takes)
-            for out, take in zip(self.outputs, takes):
-                if take < most:
-                    out.refuse(spans[take:most])
-            on_end = self.processor.on_end
-            for span in spans[:most]:
-                on_end(span)
+        self.exported += len(spans)
+        for out in self.outputs:
+            out.offer(spans)
 
     @property
     def dropped(self) -> int:
@@ -271,23 +263,15 @@ class SpanSink:
         """Spans every output has finished with (exported, failed or refused)."""
         if not self.outputs:
             return self.exported
-        return min(out.done + out.full for out in self.outputs)
+        return min(out.counted.done + out.full for out in self.outputs)
 
     def flush(self, timeout_s: float) -> None:
-        if self.processor is None:
-            return
-        deadline = time.monotonic() + timeout_s
-        self.processor.force_flush(int(timeout_s * 1000))
         for out in self.outputs:
-            out.wait_idle(deadline)
+            out.processor.force_flush(int(timeout_s * 1000))
 
-    def shutdown(self, timeout_s: float = 30.0) -> None:
-        if self.processor is None:
-            return
-        deadline = time.monotonic() + timeout_s
-        self.processor.shutdown()
+    def shutdown(self) -> None:
         for out in self.outputs:
-            out.close(deadline)
+            out.processor.shutdown()
 
 
 _KEPT_SLOW = {C.KEPT: C.KEPT_SLOW}

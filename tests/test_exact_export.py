@@ -91,7 +91,7 @@ def test_each_output_counts_its_own_drops(monkeypatch, tmp_path):
         sink.offer(batch(6, "a"))  # both outputs take all six
         assert collector.entered.wait(10)
         deadline = time.monotonic() + 10
-        while trace_out.done < 6 and time.monotonic() < deadline:
+        while trace_out.counted.done < 6 and time.monotonic() < deadline:
             time.sleep(0.01)
         sink.offer(batch(6, "b"))  # the collector still holds six of its eight: four find no room
         assert sink.dropped_by == {"otlp": 4, "trace_dir": 0}

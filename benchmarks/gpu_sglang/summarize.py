@@ -66,7 +66,8 @@ def merge_seed_overheads(parts: list[dict]) -> dict | None:
 
 #: overhead_ab's probe servers (device.AB_EXPORTS) by the summary's name for their ratio.
 _AB_FIELDS = {"probe": "probe_recording_over_paused", "otlp": "otlp_only_recording_over_paused",
-              "none": "no_export_recording_over_paused", "cputimer": "cpu_timer_recording_over_paused"}
+              "none": "no_export_recording_over_paused", "cputimer": "cpu_timer_recording_over_paused",
+              "ref": "reference_wheel_recording_over_paused"}
 
 
 def fold_overhead_ab(ab: dict) -> dict:

@@ -257,7 +257,9 @@ def test_summary_keeps_each_overhead_ab_call_apart_by_tag_with_its_kinds_of_prob
 
     (tmp_path / "gpu_sglang_r7_overhead_ab.json").write_text(json.dumps(call({"probe": 0.97, "aa_control": 1.0})))
     (tmp_path / "gpu_sglang_r8_overhead_ab.json").write_text(json.dumps(call({"none": 0.99, "cputimer": 1.001})))
+    (tmp_path / "gpu_sglang_r9_overhead_ab.json").write_text(json.dumps(call({"probe": 0.93, "ref": 0.98})))
     got = summarize.summarize("t", [str(tmp_path)])["overhead_in_server"]
+    assert got["r9"]["reference_wheel_recording_over_paused"] == {"median_ratio": 0.98}
     assert got["r7"]["probe_recording_over_paused"] == {"median_ratio": 0.97}
     assert got["r7"]["aa_control"] == {"median_ratio": 1.0} and "cpu_timer_recording_over_paused" not in got["r7"]
     assert got["r8"]["no_export_recording_over_paused"] == {"median_ratio": 0.99}
@@ -271,6 +273,27 @@ def test_overhead_ab_refuses_an_unknown_kind_of_probe_server_before_starting_any
     with pytest.raises(ValueError, match="not in"):
         device.suite_overhead_ab(tmp_path, tmp_path, 1, exports=("probe", "bogus"))
     assert not list(tmp_path.iterdir())  # no receiver, no server: nothing written
+
+
+def test_overhead_ab_refuses_a_reference_server_without_a_reference_wheel(tmp_path: Path, monkeypatch):
+    import device
+
+    monkeypatch.setenv("GPU_BENCH_PROBE_REF", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="build.py --ref"):
+        device.suite_overhead_ab(tmp_path, tmp_path, 1, exports=("probe", "ref"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_summary_keeps_the_seed_servers_profiler_ratios(tmp_path: Path):
+    import summarize
+
+    ratios = {"decode": {"gpu_event": {"ratio": 1.01}}}
+    seed = {"baseline": {"p50_ms": {"decode": 19.4}, "profiler": {"by_phase": ratios}},
+            "eagle_eager": {"p50_ms": {"verify": 59.8}}, "eagle_graph": {"profiler": {"error": "x"}}}
+    (tmp_path / "gpu_sglang_r1_seed.json").write_text(json.dumps(seed))
+    got = summarize.summarize("t", [str(tmp_path)])["seed_case"]
+    assert got["decode_p50_ms"] == 19.4
+    assert got["profiler_ratio"] == {"baseline": ratios, "eagle_graph": None}
 
 
 def test_two_passes_over_one_server_join_into_one_set_of_pairs():

@@ -415,7 +415,11 @@ def judge_correctness(servers: dict, result: dict, out: Path) -> dict:
     return res
 
 
-def suite_seed(carry: Path, out: Path) -> dict:
+def suite_seed(carry: Path, out: Path, profiled: bool = False) -> dict:
+    """The seed case: graph decode, EAGLE-3 with the verify eager and in a graph, on the 32B-class
+    config. ``profiled``: each server's phases also against the torch profiler's kernels
+    (:func:`profile`): ~20 ms graph phases, where the profiler's own delay of each graph launch
+    (~0.2 ms, run h200-5) is ~1 % of the phase rather than the tiny model's 30-70 %."""
     big, draft = carry / "models/seed32b", carry / "models/seed32b-eagle3"
     common = ("--load-format", "dummy", "--decode-log-interval", "20", "--context-length", "2048")
     runs = {"baseline": base_args(big, mem=0.8, max_bs=8, extra=common),
@@ -425,6 +429,7 @@ def suite_seed(carry: Path, out: Path) -> dict:
     res: dict = {}
     for name, args in runs.items():
         s = Server(f"seed_{name}", 30020, args, probe=os.environ["GPU_BENCH_PROBE"], out=out).start()
+        prof = None
         try:
             if not s.wait_ready(330):
                 res[name] = {"error": "not ready", "log_tail": s.log_text()[-3000:]}
@@ -433,10 +438,11 @@ def suite_seed(carry: Path, out: Path) -> dict:
                 s.generate(f"{PROMPTS[i]} seed", 64, True)
             concurrent(lambda i: s.generate(PROMPTS[i % 6] + f" batch {i}", 48, True), list(range(8)))
             time.sleep(6)
+            prof = profile(s, f"seed_{name}", out) if profiled else None
         finally:
             s.stop()
         spans = wait_spans(s.trace_dir)
-        res[name] = {"ready_s": getattr(s, "ready_s", None),
+        res[name] = {"ready_s": getattr(s, "ready_s", None), "profiler": prof,
                      "p50_ms": {ph: analysis.phase_p50(spans, ph) for ph in ("decode", "extend", "draft", "verify", "draft_extend")},
                      "graph_share": {ph: (lambda v: sum(v) / len(v) if v else None)(
                          [x["attrs"].get("sglang.cuda_graph") is True for x in analysis.phase_spans(spans, ph)])
@@ -983,6 +989,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ab-conc", type=int, default=16, help="overhead_ab: concurrent requests")
     ap.add_argument("--no-aa", action="store_true", help="overhead_ab: no A/A control server")
     ap.add_argument("--ab-reverse", action="store_true", help="overhead_ab: start the probe servers in reverse order")
+    ap.add_argument("--seed-profile", action="store_true",
+                    help="seed: each server's phases against the torch profiler's kernels too")
     ap.add_argument("--pin-scheduler", action="store_true",
                     help="overhead_ab: give each measured scheduler process a physical core to itself")
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
@@ -998,7 +1006,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if suite == "correct":
                 res = suite_correct(args.carry, args.out)
             elif suite == "seed":
-                res = suite_seed(args.carry, args.out)
+                res = suite_seed(args.carry, args.out, args.seed_profile)
             elif suite == "overhead_ab":
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
                                         tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,

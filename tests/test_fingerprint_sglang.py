@@ -114,6 +114,9 @@ def runs(tmp_path_factory) -> dict:
     model = ensure_tiny_model(venv)
     port = free_port()  # both launches on one port: the command lines differ in nothing else
     out = {"venv": venv, "a": tmp / "a", "b": tmp / "b"}
+    with file_lock(HARNESS_DIR / f"{venv.name}.patch.lock"):
+        # A run killed mid-patch left the file patched: the clean side must not see it.
+        _restore(HARNESS_DIR / f"{venv.name}.patch-backup")
     out["doctor_clean"] = doctor(venv)
     launch(venv, model, out["a"], port, {}, tmp / "a.log")
     with patched_file(venv, PATCHED):

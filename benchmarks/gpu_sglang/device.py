@@ -805,7 +805,8 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     unknown = set(exports) - set(AB_EXPORTS)
     if unknown:
         raise ValueError(f"--ab-exports: {sorted(unknown)} not in {AB_EXPORTS}")
-    if "ref" in exports and not Path(os.environ.get("GPU_BENCH_PROBE_REF") or "/nonexistent").is_dir():
+    wheels = {"ref": os.environ.get("GPU_BENCH_PROBE_REF")}
+    if "ref" in exports and not (wheels["ref"] and Path(wheels["ref"]).is_dir()):
         raise ValueError("--ab-exports ref: no reference wheel installed (build.py --ref REV)")
     received = str(out / "received_ab.jsonl")
     rec, endpoint = receiver(received)
@@ -821,9 +822,9 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
     if reverse:
         names.reverse()
-    wheel = {"ref": os.environ.get("GPU_BENCH_PROBE_REF")}
-    servers = [Server(name, 30300 + i, plain, probe=wheel.get(name.split("_")[1]) or os.environ["GPU_BENCH_PROBE"],
-                      out=out, env=env[name.split("_")[1]], pausable=True) for i, name in enumerate(names)]
+    kinds = [name.split("_")[1] for name in names]
+    servers = [Server(name, 30300 + i, plain, probe=wheels.get(kind) or os.environ["GPU_BENCH_PROBE"], out=out,
+                      env=env[kind], pausable=True) for i, (name, kind) in enumerate(zip(names, kinds))]
     if aa:
         servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
     windows: dict = {}

@@ -39,8 +39,8 @@ PLANTED = {"SGLANG_DEMO_MODEL_URL": "https://bob:hunter2@models.example/llama",
 def patched_file(venv: Path, rel: str) -> Iterator[Path]:
     """Append a comment to one installed SGLang file; restore bytes and times afterwards."""
     path = site_packages(venv) / rel
-    backup = HARNESS_DIR / f"{venv.name}.patch-backup"
-    with file_lock(HARNESS_DIR / f"{venv.name}.patch.lock"):
+    backup = _backup_dir(venv)
+    with file_lock(_lock_path(venv)):
         _restore(backup)  # a run killed mid-patch left its backup
         backup.mkdir(parents=True, exist_ok=True)
         st = path.stat()
@@ -53,6 +53,14 @@ def patched_file(venv: Path, rel: str) -> Iterator[Path]:
             yield path
         finally:
             _restore(backup)
+
+
+def _backup_dir(venv: Path) -> Path:
+    return HARNESS_DIR / f"{venv.name}.patch-backup"
+
+
+def _lock_path(venv: Path) -> Path:
+    return HARNESS_DIR / f"{venv.name}.patch.lock"
 
 
 def _restore(backup: Path) -> None:
@@ -114,9 +122,9 @@ def runs(tmp_path_factory) -> dict:
     model = ensure_tiny_model(venv)
     port = free_port()  # both launches on one port: the command lines differ in nothing else
     out = {"venv": venv, "a": tmp / "a", "b": tmp / "b"}
-    with file_lock(HARNESS_DIR / f"{venv.name}.patch.lock"):
+    with file_lock(_lock_path(venv)):
         # A run killed mid-patch left the file patched: the clean side must not see it.
-        _restore(HARNESS_DIR / f"{venv.name}.patch-backup")
+        _restore(_backup_dir(venv))
     out["doctor_clean"] = doctor(venv)
     launch(venv, model, out["a"], port, {}, tmp / "a.log")
     with patched_file(venv, PATCHED):

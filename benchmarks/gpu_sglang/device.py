@@ -438,7 +438,8 @@ def suite_seed(carry: Path, out: Path, profiled: bool = False) -> dict:
                 s.generate(f"{PROMPTS[i]} seed", 64, True)
             concurrent(lambda i: s.generate(PROMPTS[i % 6] + f" batch {i}", 48, True), list(range(8)))
             time.sleep(6)
-            prof = profile(s, f"seed_{name}", out) if profiled else None
+            if profiled:
+                prof = profile(s, f"seed_{name}", out)
         finally:
             s.stop()
         spans = wait_spans(s.trace_dir)

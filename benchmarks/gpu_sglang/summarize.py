@@ -158,8 +158,8 @@ def summarize(run: str, dirs: list[str]) -> dict:
                                       if k in verdict} or None,
                           "verdict_line": next((ln.strip() for ln in (r.get("report_tail") or "").splitlines()
                                                 if ln.strip().startswith("=>")), None)}
-        profiled = {name: (s.get(name) or {}).get("profiler", {}).get("by_phase")
-                    for name in ("baseline", "eagle_eager", "eagle_graph") if (s.get(name) or {}).get("profiler")}
+        profiled = {name: r["profiler"].get("by_phase") for name in ("baseline", "eagle_eager", "eagle_graph")
+                    if (r := s.get(name) or {}).get("profiler")}
         if profiled:  # seed --seed-profile: ~20 ms graph phases against the profiler's kernels
             seed["profiler_ratio"] = profiled
         out["seed_case"] = seed

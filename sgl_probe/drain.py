@@ -103,6 +103,29 @@ def release_step(st: StepRecord, timer: Any) -> None:
         timer.release(ph.t_start, ph.t_end)
 
 
+def _timers_done(steps: collections.deque, n: int, timer: Any) -> int:
+    """How many of the first ``n`` steps have every timer completed. A timer that can tell
+    completion for many ends at once (``ready_prefix``: the CUDA timer, one query per pass
+    instead of one per phase) is asked so; any other phase by phase, in order."""
+    prefix = getattr(timer, "ready_prefix", None)
+    if prefix is None:
+        ready = timer.ready
+        for i, st in zip(range(n), steps):
+            for ph in st.phases:
+                if ph.t_end is not None and not ready(ph.t_start, ph.t_end):
+                    return i
+        return n
+    ends: list = []
+    owner: list = []
+    for i, st in zip(range(n), steps):
+        for ph in st.phases:
+            if ph.t_end is not None:
+                ends.append(ph.t_end)
+                owner.append(i)
+    k = prefix(ends)
+    return n if k == len(ends) else owner[k]
+
+
 def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list) -> int:
     """Move up to ``limit`` steps off the front of ``steps`` into ``out`` as rows, stopping at
     the first one not :func:`step_ready` (``final``: take them all). Every step taken has its
@@ -111,26 +134,21 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
 
     :func:`step_ready` and :func:`release_step` inline, and nothing at all asked of a host-clock
     timer (always ready, nothing to release): this is the drain thread's per-step loop."""
+    n = min(limit, len(steps))
+    if not n:
+        return 0
     host = getattr(timer, "host_clock", False)
-    ready = timer.ready if timer is not None else None
-    wait_from = now_ns - ACCEPT_WAIT_NS
-    taken = 0
-    while steps and taken < limit:
-        st = steps[0]
-        if not final:
-            waiting = False
-            for ph in st.phases:
-                if not host and ph.t_end is not None and not ready(ph.t_start, ph.t_end):
-                    waiting = True
-                    break
-                if ph.phase == "verify" and ph.accept_length is None and ph.error is None \
-                        and st.host1 > wait_from:
-                    waiting = True
-                    break
-            if waiting:
+    if not final:
+        if not host:
+            n = _timers_done(steps, n, timer)
+        wait_from = now_ns - ACCEPT_WAIT_NS
+        for i, st in zip(range(n), steps):
+            if st.host1 > wait_from and any(ph.phase == "verify" and ph.accept_length is None
+                                            and ph.error is None for ph in st.phases):
+                n = i
                 break
-        steps.popleft()
-        taken += 1
+    for _ in range(n):
+        st = steps.popleft()
         try:
             out.append(resolve_row(st, timer))
         except Exception as exc:
@@ -138,4 +156,4 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
         finally:
             if not host:
                 release_step(st, timer)
-    return taken
+    return n

@@ -102,8 +102,9 @@ def _cudart_exchange_capture_mode():
 
 
 class CudaTimer:
-    """Token of ``start``: ``(start_event, anchor, stream)``, or ``(None, anchor, stream, host_ns)``
-    for a host-clock start; ``anchor`` is ``(event, perf_counter_ns)``. A start event that is its
+    """Token of ``start``: ``(start_event, anchor, stream)``, ``(end_event, anchor, stream, None,
+    end_token)`` for a shared boundary, or ``(None, anchor, stream, host_ns)`` for a host-clock
+    start; ``anchor`` is ``(event, perf_counter_ns)``. A start event that is its
     anchor's own event is not pooled (anchors stay alive).
 
     Host-clock starts: on a launch-bound loop the GPU has drained its queue by the time the next
@@ -158,6 +159,7 @@ class CudaTimer:
         self._claimed: set = set()  # ids of end events reused as a start (hot thread only)
         self._last_end: Optional[tuple] = None  # (event, stream, host ns) of the latest stop()
         self._bad_anchor: Any = None  # an anchor event the drain thread caught mapping wrong
+        self._chain: tuple = (None, 0, 0)  # drain side: the last end token mapped (see interval)
         self.share_boundaries = True  # benchmarks switch these two off to measure what they save
         self.host_starts = True
         self._offset = time.time_ns() - perf_counter_ns()
@@ -237,7 +239,7 @@ class CudaTimer:
         if last is not None and (last[1] is stream or last[1] == stream) and self.share_boundaries \
                 and not self._query(last[0]):
             self._claimed.add(id(last[0]))
-            return (last[0], anchor, stream)
+            return (last[0], anchor, stream, None, last)  # ``last``: see interval
         pool = self._pool
         ev = pool.pop() if pool else self._pop()
         self._record(ev, stream)
@@ -259,7 +261,7 @@ class CudaTimer:
         return end
 
     # -- drain side -------------------------------------------------------------------------
-    def _prepare_thread(self, start: Any) -> None:
+    def _prepare_thread(self, stream: Any) -> None:
         """Once per resolving thread. The probe's own threads (drain, shutdown) never capture, so
         they switch to thread-local capture mode for good (and to the events' device first: a
         runtime call on a thread with no device set would open a context on GPU 0). Any other
@@ -277,17 +279,18 @@ class CudaTimer:
                 import ctypes
                 import torch
 
-                torch.cuda.set_device(start[2].device_index)
+                torch.cuda.set_device(stream.device_index)
                 exchange(ctypes.byref(ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)))
             else:
                 state.exchange = exchange
         except Exception:
             pass
 
-    def ready(self, start: Any, end: Any) -> bool:
+    def _done(self, end: Any) -> bool:
+        """Whether the end token's event has completed (see :meth:`_prepare_thread`)."""
         state = self._prepared
         if not getattr(state, "done", False):
-            self._prepare_thread(start)
+            self._prepare_thread(end[1])
         exchange = state.exchange
         if exchange is None:
             return self._query(end[0])
@@ -300,26 +303,76 @@ class CudaTimer:
         finally:
             exchange(ctypes.byref(mode))
 
+    def ready(self, start: Any, end: Any) -> bool:
+        return self._done(end)
+
+    def ready_prefix(self, ends: list) -> int:
+        """How many of ``ends`` (end tokens in record order) have completed, in few driver calls:
+        events of one stream complete in the order they were recorded, so the completed ones are
+        a prefix. The newest is asked first (a drain pass 0.2 s after the last one usually finds
+        everything done: one query for the whole pass instead of one per step), a binary search
+        finds the boundary otherwise. Ends on more than one stream are asked one by one."""
+        n = len(ends)
+        if not n:
+            return 0
+        stream = ends[0][1]
+        done = self._done
+        for end in ends:
+            s = end[1]
+            if s is not stream and s != stream:
+                for i, e in enumerate(ends):
+                    if not done(e):
+                        return i
+                return n
+        if done(ends[-1]):
+            return n
+        lo, hi = 0, n - 1  # ends[hi] has not completed; the answer is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if done(ends[mid]):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     #: How far before its own record call an end event may map before its anchor is distrusted.
     _ANCHOR_TOLERANCE_NS = 20_000
 
+    #: Links of a chain of shared boundaries mapped from the previous phase's end before the
+    #: start is mapped through the anchor again (bounds the rounding a chain can accumulate).
+    _CHAIN_MAX = 256
+
     def interval(self, start: Any, end: Any) -> Tuple[int, int]:
+        """Drain side, phases in record order. A start that is the previous phase's end (a shared
+        boundary) takes that end's mapped time, so such a phase costs one ``elapsed_time``
+        instead of two; durations always come from the phase's own two events."""
         ev, (anchor_ev, anchor_host), _ = start[:3]
         end_ev, _, end_host = end
         elapsed, offset = self._elapsed, self._offset
         if ev is None:  # host-clock start; the end maps through the anchor
             t0 = start[3] + offset
-            t1 = anchor_host + offset + int(elapsed(anchor_ev, end_ev) * 1e6)
+            t1 = anchor_host + offset + round(elapsed(anchor_ev, end_ev) * 1e6)
+            self._chain = (end, t1, 0)
             # The GPU cannot pass an event before the host recorded it. Mapping earlier than that
             # means the anchor's own record ran late (e.g. behind a profiler's start-up work):
             # clamp, and have the hot thread take a new anchor.
             if t1 < end_host + offset - self._ANCHOR_TOLERANCE_NS:
                 self._bad_anchor = anchor_ev
             return t0, max(t1, end_host + offset, t0)
-        t0 = anchor_host + offset
-        if anchor_ev is not ev:
-            t0 += int(elapsed(anchor_ev, ev) * 1e6)
-        return t0, t0 + int(elapsed(ev, end_ev) * 1e6)
+        # The end token itself, not its event, identifies the boundary: an event comes back from
+        # the pool for later phases, a token is never reused.
+        chain_end, chain_t, links = self._chain
+        if len(start) > 4 and start[4] is chain_end and links < self._CHAIN_MAX:
+            t0 = chain_t
+            links += 1
+        else:
+            t0 = anchor_host + offset
+            if anchor_ev is not ev:
+                t0 += round(elapsed(anchor_ev, ev) * 1e6)
+            links = 0
+        t1 = t0 + round(elapsed(ev, end_ev) * 1e6)
+        self._chain = (end, t1, links)
+        return t0, t1
 
     def wall(self, host_ns: int) -> int:
         return host_ns + self._offset

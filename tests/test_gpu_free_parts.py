@@ -443,6 +443,120 @@ def test_cuda_timer_falls_back_when_stream_lookup_is_missing():
     assert timer.start(10**12 + 12)[0] is end2[0]
 
 
+def _counting_timer():
+    """A CudaTimer over the stand-in torch whose driver calls (event query, elapsed time) count."""
+    from sgl_probe.timing import CudaTimer
+
+    ft = _FakeTorch()
+    calls = {"query": 0, "elapsed": 0}
+    base = ft._C._CudaEventBase
+    query, elapsed = base.query, base.elapsed_time
+
+    def counted_query(ev):
+        calls["query"] += 1
+        return query(ev)
+
+    def counted_elapsed(a, b):
+        calls["elapsed"] += 1
+        return elapsed(a, b)
+
+    base.query, base.elapsed_time = counted_query, counted_elapsed
+    timer = CudaTimer(ft)
+    timer.relax_capture_mode = False
+    return ft, timer, calls
+
+
+def _busy_phases(ft, timer, n, now=10**12, gpu_from=0.0):
+    """``n`` back-to-back phases, the i-th ending at ``gpu_from + 1 + i`` ms of GPU time, the GPU
+    behind the host: shared boundaries."""
+    toks = []
+    for i in range(n):
+        ft.queued_ms = gpu_from + 1.0 + i
+        tok = timer.start(now + 2 * i)
+        toks.append((tok, timer.stop(tok, now + 2 * i + 1)))
+    return toks
+
+
+def test_ready_prefix_finds_the_completed_prefix_in_few_queries():
+    ft, timer, calls = _counting_timer()
+    toks = _busy_phases(ft, timer, 40)
+    ends = [e for _, e in toks]
+    truth = lambda: sum(1 for e in ends if e[0].query())  # noqa: E731 (uncounted: the fake's own)
+    for gpu_ms in (0.0, 0.5, 7.2, 23.0, 39.9, 1000.0):
+        ft.gpu_ms = gpu_ms
+        calls["query"] = 0
+        got = timer.ready_prefix(ends)
+        assert got == truth(), gpu_ms
+        # everything done: one query; otherwise the newest plus a binary search
+        assert calls["query"] <= (1 if got == len(ends) else 1 + 6)
+    assert timer.ready_prefix([]) == 0
+
+
+def test_ready_prefix_asks_each_end_when_the_ends_are_on_several_streams():
+    ft, timer, calls = _counting_timer()
+    a = _busy_phases(ft, timer, 3)
+    ft.current = (9, 0, 1)
+    b = _busy_phases(ft, timer, 3, now=10**12 + 100, gpu_from=10.0)
+    ends = [e for _, e in a + b]
+    ft.gpu_ms = 12.0  # the first stream's three done, the second stream's first two
+    calls["query"] = 0
+    assert timer.ready_prefix(ends) == 5 and calls["query"] == 6
+
+
+def test_take_ready_resolves_a_pass_of_cuda_steps_with_one_query_and_one_elapsed_per_phase():
+    """The drain's per-step driver calls: a pass over finished steps asks one readiness query,
+    and a chain of shared boundaries maps each phase with one elapsed time; the times are those
+    the anchor-relative mapping gives."""
+    import collections
+
+    from sgl_probe import drain
+    from sgl_probe.readers import Facts
+    from sgl_probe.recorder import PhaseRecord, StepRecord
+
+    ft, timer, calls = _counting_timer()
+    toks = _busy_phases(ft, timer, 30)
+    assert all(s[0] is e[0] for (s, _), (e, _) in zip(toks[1:], [(e, None) for _, e in toks[:-1]]))
+    steps = collections.deque()
+    for i, (tok, end) in enumerate(toks):
+        st = StepRecord(i, Facts("step", "DECODE", 2, 2), 0)
+        st.host1 = 1_000
+        ph = PhaseRecord(Facts("decode", "DECODE", 2, 2), "t", 0, tok)
+        ph.t_end = end
+        st.phases.append(ph)
+        steps.append(st)
+    ft.gpu_ms = 1e6
+    calls["query"] = calls["elapsed"] = 0
+    rows: list = []
+    assert drain.take_ready(steps, timer, 10**12, False, 64, rows) == 30 and not steps
+    assert calls["query"] == 1
+    assert calls["elapsed"] <= 30 + 1
+    # the same times as mapping every start through the anchor
+    anchor_ev, anchor_host = toks[0][0][1]
+    for (tok, end), row in zip(toks, rows):
+        t0, t1 = row[8][0][1], row[8][0][2]
+        want0 = timer.wall(anchor_host) + round(anchor_ev.elapsed_time(tok[0]) * 1e6)
+        assert abs(t0 - want0) <= 1 and t1 - t0 == round(tok[0].elapsed_time(end[0]) * 1e6)
+
+
+def test_a_pooled_event_used_again_as_a_fresh_start_is_not_taken_for_a_shared_boundary():
+    """The end event of a resolved phase returns to the pool and may start a later phase afresh:
+    that phase's start must be mapped through the anchor, not taken from the chain."""
+    ft, timer, calls = _counting_timer()
+    now = 10**12
+    tok = timer.start(now)
+    ft.gpu_ms += 2.0
+    end = timer.stop(tok, now + 1)
+    t0, _ = timer.interval(tok, end)
+    timer.release(tok, end)
+    ft.queued_ms = ft.gpu_ms + 1.0  # busy, and the last end has completed: a fresh start event
+    tok2 = timer.start(now + 10)
+    assert tok2[0] is end[0] and len(tok2) == 3
+    ft.queued_ms += 1.5
+    end2 = timer.stop(tok2, now + 11)
+    a, b = timer.interval(tok2, end2)
+    assert a - t0 == 3_000_000 and b - a == 1_500_000
+
+
 # -- benchmark helpers ----------------------------------------------------------------------------
 
 def _bench():

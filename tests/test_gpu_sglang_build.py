@@ -408,3 +408,62 @@ def test_in_process_ab_judge_gives_the_p99_step_ratio_where_the_load_streamed():
     v = device.ab_judge(w)
     assert v["per_server"]["ab_probe_0"]["p99_step_ratio"] == pytest.approx(1.1)
     assert "p99_step_ratio" not in v["per_server"]["ab_probe_1"]
+
+
+def test_smi_samples_parse_and_give_each_window_its_median_clock():
+    import datetime
+
+    text = ("2026/12/03 08:30:00.000, 1980\n2026/12/03 08:30:00.100, [N/A]\n"
+            "timestamp, clocks.current.sm [MHz]\n2026/12/03 08:30:00.200, 1400\n"
+            "2026/12/03 08:30:00.300, 1500\n")
+    got = analysis.parse_smi(text)
+    base = datetime.datetime(2026, 12, 3, 8, 30).timestamp()
+    assert [round(t - base, 3) for t, _ in got] == [0.0, 0.2, 0.3] and [c for _, c in got] == [1980, 1400, 1500]
+    assert analysis.window_clock(got, base + 0.1, base + 0.35) == 1450
+    assert analysis.window_clock(got, base + 1, base + 2) is None
+
+
+def test_clock_adjusted_ratio_takes_the_clock_out_of_the_pairs():
+    """Windows whose throughput follows the GPU clock (exponent 1.2) and a true 1.5 % cost: the
+    plain median of pair ratios is thrown about by the clock, the adjusted ratio finds the cost;
+    a few wild pairs do not move it; pairs without a clock are left out."""
+    import math
+    import random
+
+    rng = random.Random(3)
+    rec, paused, rc, pc = [], [], [], []
+    for _ in range(30):
+        ca, cb = rng.uniform(1350, 1980), rng.uniform(1350, 1980)
+        rec.append(0.985 * 8000 * (ca / 1980) ** 1.2 * math.exp(rng.gauss(0, 0.004)))
+        paused.append(8000 * (cb / 1980) ** 1.2 * math.exp(rng.gauss(0, 0.004)))
+        rc.append(ca)
+        pc.append(cb)
+    rec += [800.0, 8000.0]  # a stalled window, and a pair with no clock on one side
+    paused += [4000.0, 8000.0]
+    rc += [1980, None]
+    pc += [1980, 1980]
+    got = analysis.clock_adjusted_ratio(rec, paused, rc, pc)
+    assert got["pairs"] == 31
+    assert got["ratio"] == pytest.approx(0.985, abs=0.003)
+    assert got["ci95"][0] < 0.985 < got["ci95"][1] and got["ci95"][1] - got["ci95"][0] < 0.01
+    assert got["clock_exponent"] == pytest.approx(1.2, abs=0.05)
+    assert analysis.clock_adjusted_ratio(rec[:30], paused[:30], rc[:30], pc[:30])["r2"] > 0.9
+    plain = analysis.bootstrap_ratio([1.0] * len(rec), [a / b for a, b in zip(rec, paused)])
+    assert plain["ci95"][1] - plain["ci95"][0] > 3 * (got["ci95"][1] - got["ci95"][0])
+    assert analysis.clock_adjusted_ratio([1.0], [1.0], [1.0], [1.0])["ratio"] is None
+
+
+def test_ab_judge_adds_the_clock_adjusted_ratio_where_windows_have_clocks():
+    sys.path.insert(0, str(GPU))
+    import device
+
+    w = {"recording": [98.0, 99.0, 97.0, 98.5], "paused": [100.0, 100.0, 100.0, 100.0],
+         "sm_clock_mhz": {"recording": [1980, 1980, 1980, 1980], "paused": [1980, 1980, 1980, 1980]}}
+    v = device.ab_judge({"ab_probe_0": w, "ab_probe_1": dict(w)})
+    assert v["per_server"]["ab_probe_0"]["clock_adjusted"]["ratio"] == pytest.approx(0.9825, rel=1e-4)
+    assert v["all_pairs"]["clock_adjusted"]["pairs"] == 8
+    merged = device.merge_windows(dict(w, cores_busy=[], requests=1, request_errors=0,
+                                       gaps_s={"recording": [], "paused": []}),
+                                  {"recording": [1.0], "paused": [1.0], "cores_busy": [], "requests": 1,
+                                   "request_errors": 0, "gaps_s": {"recording": [], "paused": []}})
+    assert merged["sm_clock_mhz"]["recording"] == [1980] * 4 + [None]

@@ -321,3 +321,64 @@ def phase_p50(spans: list[dict], phase: str, graph: Optional[bool] = None) -> Op
     vals = [s["attrs"]["sgl_probe.duration_ms"] for s in steady(phase_spans(spans, phase))
             if graph is None or (s["attrs"].get("sglang.cuda_graph") is True) == graph]
     return statistics.median(vals) if vals else None
+
+
+def parse_smi(text: str) -> list[tuple[float, float]]:
+    """(epoch seconds, SM clock MHz) per line of ``nvidia-smi --query-gpu=timestamp,clocks.sm
+    --format=csv,noheader,nounits -lms N`` (timestamps ``2026/12/03 08:30:00.123``, local time);
+    lines that do not parse (a header, "[N/A]") are skipped."""
+    import datetime
+
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 2:
+            continue
+        try:
+            when = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            out.append((when, float(parts[1])))
+        except ValueError:
+            continue
+    return out
+
+
+def window_clock(samples: list[tuple[float, float]], t0: float, t1: float) -> Optional[float]:
+    """Median SM clock of the samples inside [t0, t1] (epoch seconds), None without one."""
+    vals = [mhz for t, mhz in samples if t0 <= t <= t1]
+    return statistics.median(vals) if vals else None
+
+
+def clock_adjusted_ratio(rec: list[float], paused: list[float], rec_clk: list, paused_clk: list,
+                         n: int = 1000, seed: int = 0) -> dict:
+    """Recording / paused at equal GPU clocks. Per pair: d = log(rate ratio), x = log(clock ratio);
+    d = c + b x over the pairs; exp(c) is the ratio with the clock difference taken
+    out (pairing already takes out what stays constant over a pair); the fit is Theil-Sen, robust
+    to a few wild pairs. A bootstrap over pairs gives the interval. ``r2``: the squared
+    correlation of d and x, the share of the pairs' spread the clock accounts for. Pairs without a
+    clock on both sides are left out."""
+    import math
+
+    pts = [(math.log(a / b), math.log(ca / cb)) for a, b, ca, cb in zip(rec, paused, rec_clk, paused_clk)
+           if a and b and ca and cb]
+    if len(pts) < 3:
+        return {"ratio": None, "pairs": len(pts)}
+
+    def fit(sample: list) -> tuple[float, float]:
+        # Theil-Sen: a pair straddling a warm-up or a stall (ratios of 0.2 are seen) must not
+        # steer the fit, as it would least squares.
+        slopes = [(sample[j][0] - sample[i][0]) / (sample[j][1] - sample[i][1])
+                  for i in range(len(sample)) for j in range(i + 1, len(sample))
+                  if sample[j][1] != sample[i][1]]
+        b = statistics.median(slopes) if slopes else 0.0
+        return statistics.median(d - b * x for d, x in sample), b
+
+    ds, xs = [d for d, _ in pts], [x for _, x in pts]
+    try:
+        r2 = statistics.correlation(ds, xs) ** 2
+    except statistics.StatisticsError:  # no spread in one of them
+        r2 = 0.0
+    c, b = fit(pts)
+    rng = random.Random(seed)
+    draws = sorted(math.exp(fit(rng.choices(pts, k=len(pts)))[0]) for _ in range(n))
+    return {"ratio": math.exp(c), "ci95": [draws[int(0.025 * n)], draws[int(0.975 * n) - 1]],
+            "clock_exponent": b, "r2": r2, "pairs": len(pts)}

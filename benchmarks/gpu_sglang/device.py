@@ -683,6 +683,39 @@ class SteadyLoad:
         return [g for t, g in self.gaps if any(a <= t <= b for a, b in spans)]
 
 
+class GpuClocks:
+    """The GPU's SM clock every 100 ms from ``nvidia-smi`` (read only; the clocks are left as
+    they are). On the tiny launch-bound server the GPU idles between short kernels and its clock
+    wanders, which is a candidate for the windows' large spread in throughput; each window's
+    median clock lets :func:`analysis.clock_adjusted_ratio` take it out of the pairs."""
+
+    def __init__(self, path: str = "/tmp/gpu_clocks.csv") -> None:
+        self.path = path
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "GpuClocks":
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            log(f"no GPU clock samples: {exc!r}")
+        return self
+
+    def stop(self) -> list:
+        if self.proc is None:
+            return []
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        try:
+            return analysis.parse_smi(Path(self.path).read_text())
+        except OSError:
+            return []
+
+
 def window_tokens(done: list, t0: float, t1: float) -> float:
     """Tokens produced in [t0, t1] by requests (start, end, tokens), each request's tokens
     spread evenly over its interval."""
@@ -705,8 +738,10 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
         return {"error": "no sglang::scheduler process"}
     pinned = pause.pin_scheduler(srv.proc.pid, SERVER_CPUS) if pin else None
     load = SteadyLoad(srv, conc, tokens).start()
+    clocks = GpuClocks().start()
     time.sleep(2.0)  # warm-up
     spans: list = []  # (recording, t0, t1)
+    walls: list = []  # the same windows in epoch seconds (the clock samples' time)
     cpu = []
     try:
         for i in range(pairs):
@@ -716,8 +751,10 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
                 pause.set_recording(pids, recording, srv.pause_dir)
                 time.sleep(0.2)  # requests in flight finish their step under the new state
                 c0, th0, t0 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
+                w0 = time.time()
                 time.sleep(window_s)
                 c1, th1, t1 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
+                walls.append((w0, time.time()))
                 spans.append((recording, t0, t1))
                 # Cores each role kept busy during the window (the exporter's share says whether
                 # its CPU can be what the recording windows lose), and the scheduler thread's own
@@ -725,18 +762,23 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
                 cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1},
                             "threads": pause.thread_use(th0, th1, pids[0], t1 - t0)})
     finally:
+        samples = clocks.stop()
         load.stop()
         pause.set_recording(pids, True, srv.pause_dir)
     rec, paused = [], []
+    clk: dict = {True: [], False: []}
     for j in range(0, len(spans) - 1, 2):
         got = {r: load.rate(t0, t1) for r, t0, t1 in spans[j:j + 2]}
+        for (r, _, _), (w0, w1) in zip(spans[j:j + 2], walls[j:j + 2]):
+            clk[r].append(analysis.window_clock(samples, w0, w1))
         rec.append(got[True])
         paused.append(got[False])
         log(f"{srv.name} pair {j // 2}: recording {got[True]:.0f} paused {got[False]:.0f} tok/s "
             f"ratio {got[True] / got[False]:.4f}")
     gaps = {r: load.gaps_in([(a, b) for s, a, b in spans if s is r]) for r in (True, False)}
     return {"recording": rec, "paused": paused, "schedulers": len(pids), "cores_busy": cpu,
-            "load": "steady", "requests": len(load.done), "request_errors": load.errors, "pinned": pinned,
+            "sm_clock_mhz": {"recording": clk[True], "paused": clk[False]}, "load": "steady",
+            "requests": len(load.done), "request_errors": load.errors, "pinned": pinned,
             "gaps_s": {"recording": gaps[True], "paused": gaps[False]}, "p99_step_ms": _p99_ms(gaps[True], gaps[False])}
 
 
@@ -755,6 +797,10 @@ def merge_windows(a: Optional[dict], b: dict) -> dict:
     out = dict(a)
     for key in ("recording", "paused", "cores_busy"):
         out[key] = a[key] + b[key]
+    ca, cb = a.get("sm_clock_mhz"), b.get("sm_clock_mhz")
+    if ca or cb:
+        out["sm_clock_mhz"] = {k: ((ca or {}).get(k) or [None] * len(a[k])) + ((cb or {}).get(k) or [None] * len(b[k]))
+                               for k in ("recording", "paused")}
     out["requests"] = a["requests"] + b["requests"]
     out["request_errors"] = a["request_errors"] + b["request_errors"]
     out["gaps_s"] = {k: a["gaps_s"][k] + b["gaps_s"][k] for k in ("recording", "paused")}
@@ -766,18 +812,27 @@ def ab_judge(windows: dict) -> dict:
     """Paired ratios (recording / paused) per server and over all pairs, bootstrap intervals."""
     out: dict = {"per_server": {}}
     every = []
+    clocked: list = [[], [], [], []]  # recording, paused rates and clocks of every pair
     for name, w in windows.items():
         r = [a / b for a, b in zip(w.get("recording", []), w.get("paused", [])) if b]
         if not r:
             continue
         every += r
         out["per_server"][name] = analysis.bootstrap_ratio([1.0] * len(r), r)
+        clk = w.get("sm_clock_mhz")
+        if clk:
+            cols = (w["recording"], w["paused"], clk["recording"], clk["paused"])
+            out["per_server"][name]["clock_adjusted"] = analysis.clock_adjusted_ratio(*cols)
+            for acc, col in zip(clocked, cols):
+                acc += col
         p99 = w.get("p99_step_ms") or {}
         if p99.get("recording") and p99.get("paused"):
             out["per_server"][name]["p99_step_ratio"] = p99["recording"] / p99["paused"]
     if every:
         out["all_pairs"] = analysis.bootstrap_ratio([1.0] * len(every), every)
         out["all_pairs"]["pairs"] = len(every)
+        if clocked[0]:
+            out["all_pairs"]["clock_adjusted"] = analysis.clock_adjusted_ratio(*clocked)
     return out
 
 

@@ -285,14 +285,15 @@ def outputs_of(load: dict) -> list:
             for r in load[part]]
 
 
-def profile(srv: Server, name: str, out: Path) -> dict:
-    """Phase times against the profiler's kernels of the same steps inside the running server."""
+def profile(srv: Server, name: str, out: Path, steps: int = 60) -> dict:
+    """Phase times against the profiler's kernels of the same ``steps`` steps inside the running
+    server."""
     pdir = Path("/tmp/prof") / name
     shutil.rmtree(pdir, ignore_errors=True)
     pdir.mkdir(parents=True)
     before = time.time_ns()
     try:
-        srv.post("/start_profile", {"output_dir": str(pdir), "num_steps": 60, "activities": ["GPU"]}, timeout=60)
+        srv.post("/start_profile", {"output_dir": str(pdir), "num_steps": steps, "activities": ["GPU"]}, timeout=60)
     except Exception as exc:
         return {"error": f"start_profile: {exc!r}"}
     concurrent(lambda i: srv.generate(PROMPTS[i % 6] + f" profiled {i}", 40, True), list(range(4)))
@@ -304,11 +305,13 @@ def profile(srv: Server, name: str, out: Path) -> dict:
         files = sorted(pdir.rglob("*.trace.json*"))
     if not files:
         return {"error": "no profiler trace written"}
+    log(f"{name}: profiler trace after {(time.time_ns() - before) / 1e9:.0f}s")
     time.sleep(2)
     trace = analysis.load_trace(str(files[0]))
     kernels = analysis.read_kernels(trace)
     spans = [s for s in wait_spans(srv.trace_dir) if s["start"] >= before]
     res = analysis.profiler_ratio(spans, kernels)
+    log(f"{name}: {len(kernels)} kernels judged, {(time.time_ns() - before) / 1e9:.0f}s after the start")
     res["graph_launches"] = analysis.graph_launches(trace)
     res["kernels"] = len(kernels)
     res["trace_file"] = files[0].name
@@ -415,11 +418,18 @@ def judge_correctness(servers: dict, result: dict, out: Path) -> dict:
     return res
 
 
-def suite_seed(carry: Path, out: Path, profiled: bool = False) -> dict:
+#: The seed case's servers, in the order they run.
+SEED_SERVERS = ("baseline", "eagle_eager", "eagle_graph")
+
+
+def suite_seed(carry: Path, out: Path, profiled: bool = False, servers: tuple = SEED_SERVERS,
+               save=lambda res: None) -> dict:
     """The seed case: graph decode, EAGLE-3 with the verify eager and in a graph, on the 32B-class
     config. ``profiled``: each server's phases also against the torch profiler's kernels
     (:func:`profile`): ~20 ms graph phases, where the profiler's own delay of each graph launch
-    (~0.2 ms, run h200-5) is ~1 % of the phase rather than the tiny model's 30-70 %."""
+    (~0.2 ms, run h200-5) is ~1 % of the phase rather than the tiny model's 30-70 %. ``servers``:
+    which of :data:`SEED_SERVERS` run (each takes ~3 minutes with the profiler); ``save`` gets
+    the result after each server, so a call cut short keeps what it measured."""
     big, draft = carry / "models/seed32b", carry / "models/seed32b-eagle3"
     common = ("--load-format", "dummy", "--decode-log-interval", "20", "--context-length", "2048")
     runs = {"baseline": base_args(big, mem=0.8, max_bs=8, extra=common),
@@ -428,6 +438,11 @@ def suite_seed(carry: Path, out: Path, profiled: bool = False) -> dict:
             "eagle_graph": base_args(big, mem=0.8, max_bs=8, extra=common) + eagle_args(draft, dummy=True)}
     res: dict = {}
     for name, args in runs.items():
+        if name not in servers:
+            continue
+        if late():
+            log(f"deadline: seed_{name} not run")
+            break
         s = Server(f"seed_{name}", 30020, args, probe=os.environ["GPU_BENCH_PROBE"], out=out).start()
         prof = None
         try:
@@ -439,7 +454,7 @@ def suite_seed(carry: Path, out: Path, profiled: bool = False) -> dict:
             concurrent(lambda i: s.generate(PROMPTS[i % 6] + f" batch {i}", 48, True), list(range(8)))
             time.sleep(6)
             if profiled:
-                prof = profile(s, f"seed_{name}", out)
+                prof = profile(s, f"seed_{name}", out, steps=24)
         finally:
             s.stop()
         spans = wait_spans(s.trace_dir)
@@ -449,8 +464,11 @@ def suite_seed(carry: Path, out: Path, profiled: bool = False) -> dict:
                          [x["attrs"].get("sglang.cuda_graph") is True for x in analysis.phase_spans(spans, ph)])
                          for ph in ("decode", "draft", "verify", "draft_extend")},
                      "summary_lines": [ln for ln in s.log_text().splitlines() if "sgl-probe summary" in ln][-2:]}
+        save(res)
     base = Path("/tmp/traces/seed_baseline")
     for name in ("eagle_eager", "eagle_graph"):
+        if name not in res or not base.is_dir():
+            continue
         txt = probe_cli("report", f"/tmp/traces/seed_{name}", "--baseline", str(base))
         (out / f"seed_report_{name}.txt").write_text(txt)
         res.setdefault(name, {})["report_tail"] = txt[-2500:]
@@ -1048,6 +1066,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ab-reverse", action="store_true", help="overhead_ab: start the probe servers in reverse order")
     ap.add_argument("--seed-profile", action="store_true",
                     help="seed: each server's phases against the torch profiler's kernels too")
+    ap.add_argument("--seed-servers", default=",".join(SEED_SERVERS),
+                    help="seed: comma-separated from %s" % (SEED_SERVERS,))
     ap.add_argument("--pin-scheduler", action="store_true",
                     help="overhead_ab: give each measured scheduler process a physical core to itself")
     ap.add_argument("--deadline-s", type=float, default=float("inf"),
@@ -1059,11 +1079,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     for suite in args.suites:
         log(f"suite {suite}")
         t = time.time()
+        path = args.out / f"gpu_sglang_{args.tag}_{suite}.json"
+
+        def save(res: dict) -> None:
+            path.write_text(json.dumps(dict(res, partial=True), indent=1, default=str))
+
         try:
             if suite == "correct":
                 res = suite_correct(args.carry, args.out)
             elif suite == "seed":
-                res = suite_seed(args.carry, args.out, args.seed_profile)
+                servers = tuple(args.seed_servers.split(","))
+                if not set(servers) <= set(SEED_SERVERS):
+                    ap.error(f"--seed-servers: from {SEED_SERVERS}")
+                res = suite_seed(args.carry, args.out, args.seed_profile, servers, save)
             elif suite == "overhead_ab":
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
                                         tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,
@@ -1081,7 +1109,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             res = {"error": repr(exc)}
         res["wall_s"] = round(time.time() - t, 1)
         pack(args.out, suite)
-        path = args.out / f"gpu_sglang_{args.tag}_{suite}.json"
         path.write_text(json.dumps(res, indent=1, default=str))
         log(f"suite {suite} done in {res['wall_s']}s -> {path.name}")
         brief = {k: v for k, v in res.items() if k not in ("doctor",)}

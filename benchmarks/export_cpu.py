@@ -16,7 +16,12 @@ cores). ``drain_stretch_us`` is the probe's part of that alone: how long the dra
 between two GIL hand-overs (p50 / p99 / max of the stretches).
 
     python3 benchmarks/export_cpu.py [--steps 3000] [--repeats 3] [--step-ms 1.0] [--trace-dir]
-                                     [--json FILE]
+                                     [--busy-us 0] [--json FILE]
+
+``--busy-us N``: each step also runs N µs of Python before its GPU wait, holding the GIL, as a
+launch-bound scheduler thread does; ``loop_ratio_vs_off`` is then the loop's slowdown with the
+probe, and ``scheduler_wait_us_per_step`` the loop thread's time off a CPU beyond its GPU wait
+(on the real server that wait is the probe threads' GIL holds: run h200-10).
 
 ``--breakdown`` adds where the CPU goes per step, stage by stage (thread CPU time, same steps).
 
@@ -54,8 +59,10 @@ MODULE = "export_cpu_workload"
 
 # -- the measured process -----------------------------------------------------------------------
 
-def _workload(step_s: float):
-    """Scheduler-shaped classes in a module of their own (the probe wraps them by name)."""
+def _workload(step_s: float, busy_s: float = 0.0):
+    """Scheduler-shaped classes in a module of their own (the probe wraps them by name).
+    ``busy_s``: Python work per step before the GPU wait, holding the GIL (a launch-bound
+    scheduler thread, which wants the GIL nearly all the time)."""
     import types
 
     from tests.workload import Batch, ForwardMode, Result
@@ -71,6 +78,10 @@ def _workload(step_s: float):
 
     class Worker:
         def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False):
+            if busy_s:
+                until = perf() + busy_s
+                while perf() < until:
+                    pass
             t0 = perf()
             sleep(step_s)  # the GPU wait: the GIL is released, as in SGLang's synchronize
             late.append(perf() - t0 - step_s)
@@ -172,8 +183,8 @@ class _Stretches:
                 "max": got[-1] * 1e6}
 
 
-def worker(design: str, steps: int, step_ms: float) -> dict:
-    Scheduler, batch, late = _workload(step_ms / 1000.0)
+def worker(design: str, steps: int, step_ms: float, busy_us: float = 0.0) -> dict:
+    Scheduler, batch, late = _workload(step_ms / 1000.0, busy_us / 1e6)
     probe = None
     if design != "off":
         from sgl_probe import config
@@ -199,15 +210,20 @@ def worker(design: str, steps: int, step_ms: float) -> dict:
     del late[:]
     th0 = _threads_cpu_s()
     c0, x0, t0 = _self_cpu_s(), _proc_cpu_s(exporter_pid) if exporter_pid else 0.0, time.perf_counter()
+    m0 = time.thread_time()
     for _ in range(steps):
         sched.run_batch(batch)
+    loop_s, main_cpu_s = time.perf_counter() - t0, time.thread_time() - m0
     if probe is not None:
         probe.pipeline.flush(120.0)  # what the measured steps cost, up to their export
     c1, x1, t1 = _self_cpu_s(), _proc_cpu_s(exporter_pid) if exporter_pid else 0.0, time.perf_counter()
     th1 = _threads_cpu_s()
     out = {"design": design, "steps": steps, "wall_s": t1 - t0,
            "in_process_cpu_us_per_step": (c1 - c0) / steps * 1e6,
-           "out_of_process_cpu_us_per_step": (x1 - x0) / steps * 1e6}
+           "out_of_process_cpu_us_per_step": (x1 - x0) / steps * 1e6,
+           # The loop alone, before the final flush: with --busy-us, what the scheduler thread
+           # loses to the probe's threads (its GIL waits) shows as wall it did not spend on a CPU.
+           "loop_us_per_step": loop_s / steps * 1e6, "main_thread_cpu_us_per_step": main_cpu_s / steps * 1e6}
     out["threads_cpu_us_per_step"] = {name: (cpu - th0.get(name, 0.0)) / steps * 1e6 for name, cpu in th1.items()}
     late.sort()
     out["sleep_overshoot_us"] = {"p50": late[len(late) // 2] * 1e6, "p99": late[int(len(late) * 0.99)] * 1e6,
@@ -330,6 +346,8 @@ def _run_worker(design: str, args, receiver, trace_dir, script: str = __file__) 
         env["SGL_PROBE_TRACE_DIR"] = trace_dir
     env["PYTHONPATH"] = str(Path(script).resolve().parents[1])
     cmd = [sys.executable, script, "--worker", design, "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
+    if args.busy_us:  # only this tree knows it: --compare with --busy-us needs a base that does too
+        cmd += ["--busy-us", str(args.busy_us)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError("%s run failed:\n%s" % (design, done.stderr[-3000:]))
@@ -430,13 +448,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--step-ms", type=float, default=1.0, help="the blocking wait inside each step")
     ap.add_argument("--trace-dir", action="store_true", help="also write the trace dir (both designs)")
+    ap.add_argument("--busy-us", type=float, default=0.0,
+                    help="Python work per step holding the GIL (a launch-bound scheduler thread)")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--compare", metavar="REV", help="also run the probe of git revision REV, interleaved")
     ap.add_argument("--json")
     ap.add_argument("--worker", choices=DESIGNS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.step_ms)))
+        print(json.dumps(worker(args.worker, args.steps, args.step_ms, args.busy_us)))
         return 0
     if args.compare:
         text = json.dumps(compare(args), indent=1)
@@ -484,6 +504,15 @@ def main() -> int:
                                    for d in DESIGNS},
         "sleep_overshoot_us_max": {d: statistics.median(run["sleep_overshoot_us"]["max"] for run in runs[d])
                                    for d in DESIGNS},
+        "busy_us": args.busy_us,
+        # The scheduler-shaped loop's own speed, each design over the ``off`` run of the same
+        # repeat (median over repeats), and the time its thread spent neither on a CPU nor in
+        # its GPU wait per step: waiting for the GIL (and for a CPU, on a busy machine).
+        "loop_ratio_vs_off": {d: statistics.median(a["loop_us_per_step"] / b["loop_us_per_step"]
+                                                   for a, b in zip(runs[d], runs["off"])) for d in DESIGNS},
+        "scheduler_wait_us_per_step": {d: statistics.median(run["loop_us_per_step"] - run["main_thread_cpu_us_per_step"]
+                                                            - args.step_ms * 1000 for run in runs[d])
+                                       for d in DESIGNS},
         "runs": runs,
     }
     if args.breakdown:

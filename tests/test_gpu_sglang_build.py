@@ -467,3 +467,20 @@ def test_ab_judge_adds_the_clock_adjusted_ratio_where_windows_have_clocks():
                                   {"recording": [1.0], "paused": [1.0], "cores_busy": [], "requests": 1,
                                    "request_errors": 0, "gaps_s": {"recording": [], "paused": []}})
     assert merged["sm_clock_mhz"]["recording"] == [1980] * 4 + [None]
+
+
+def test_gpu_clocks_without_nvidia_smi_give_no_samples_and_no_error(tmp_path: Path, monkeypatch):
+    sys.path.insert(0, str(GPU))
+    import device
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
+    clocks = device.GpuClocks(str(tmp_path / "clocks.csv")).start()
+    assert clocks.proc is None and clocks.stop() == []
+    fake = tmp_path / "nvidia-smi"  # a stand-in that prints two samples and waits to be stopped
+    fake.write_text("#!/bin/sh\necho '2026/12/03 08:30:00.000, 1980'\necho '2026/12/03 08:30:00.100, 1410'\nexec sleep 30\n")
+    fake.chmod(0o755)
+    clocks = device.GpuClocks(str(tmp_path / "clocks.csv")).start()
+    import time
+
+    time.sleep(0.5)
+    assert [mhz for _, mhz in clocks.stop()] == [1980.0, 1410.0]

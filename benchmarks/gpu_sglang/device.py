@@ -713,9 +713,10 @@ class GpuClocks:
 
     def start(self) -> "GpuClocks":
         try:
-            self.proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader,nounits", "-lms", "100"],
-                stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+            with open(self.path, "w") as fh:  # the child keeps its own descriptor
+                self.proc = subprocess.Popen(
+                    ["nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader,nounits", "-lms", "100"],
+                    stdout=fh, stderr=subprocess.DEVNULL)
         except OSError as exc:
             log(f"no GPU clock samples: {exc!r}")
         return self
@@ -728,6 +729,7 @@ class GpuClocks:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait(5)
         try:
             return analysis.parse_smi(Path(self.path).read_text())
         except OSError:

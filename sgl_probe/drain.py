@@ -143,9 +143,13 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
             n = _timers_done(steps, n, timer)
         wait_from = now_ns - ACCEPT_WAIT_NS
         for i, st in zip(range(n), steps):
-            if st.host1 > wait_from and any(ph.phase == "verify" and ph.accept_length is None
-                                            and ph.error is None for ph in st.phases):
-                n = i
+            if st.host1 <= wait_from:
+                continue
+            for ph in st.phases:  # a plain loop: this runs for every step
+                if ph.phase == "verify" and ph.accept_length is None and ph.error is None:
+                    n = i
+                    break
+            if n == i:
                 break
     for _ in range(n):
         st = steps.popleft()

@@ -317,13 +317,8 @@ class CudaTimer:
             return 0
         stream = ends[0][1]
         done = self._done
-        for end in ends:
-            s = end[1]
-            if s is not stream and s != stream:
-                for i, e in enumerate(ends):
-                    if not done(e):
-                        return i
-                return n
+        if not all(e[1] is stream or e[1] == stream for e in ends):
+            return next((i for i, e in enumerate(ends) if not done(e)), n)
         if done(ends[-1]):
             return n
         lo, hi = 0, n - 1  # ends[hi] has not completed; the answer is in [lo, hi]

@@ -761,7 +761,7 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
     clocks = GpuClocks().start()
     time.sleep(2.0)  # warm-up
     spans: list = []  # (recording, t0, t1)
-    walls: list = []  # the same windows in epoch seconds (the clock samples' time)
+    epoch = time.time() - time.perf_counter()  # perf_counter -> the clock samples' epoch seconds
     cpu = []
     try:
         for i in range(pairs):
@@ -771,10 +771,8 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
                 pause.set_recording(pids, recording, srv.pause_dir)
                 time.sleep(0.2)  # requests in flight finish their step under the new state
                 c0, th0, t0 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
-                w0 = time.time()
                 time.sleep(window_s)
                 c1, th1, t1 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
-                walls.append((w0, time.time()))
                 spans.append((recording, t0, t1))
                 # Cores each role kept busy during the window (the exporter's share says whether
                 # its CPU can be what the recording windows lose), and the scheduler thread's own
@@ -789,8 +787,8 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
     clk: dict = {True: [], False: []}
     for j in range(0, len(spans) - 1, 2):
         got = {r: load.rate(t0, t1) for r, t0, t1 in spans[j:j + 2]}
-        for (r, _, _), (w0, w1) in zip(spans[j:j + 2], walls[j:j + 2]):
-            clk[r].append(analysis.window_clock(samples, w0, w1))
+        for r, t0, t1 in spans[j:j + 2]:
+            clk[r].append(analysis.window_clock(samples, t0 + epoch, t1 + epoch))
         rec.append(got[True])
         paused.append(got[False])
         log(f"{srv.name} pair {j // 2}: recording {got[True]:.0f} paused {got[False]:.0f} tok/s "

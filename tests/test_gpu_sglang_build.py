@@ -484,3 +484,46 @@ def test_gpu_clocks_without_nvidia_smi_give_no_samples_and_no_error(tmp_path: Pa
 
     time.sleep(0.5)
     assert [mhz for _, mhz in clocks.stop()] == [1980.0, 1410.0]
+
+
+def test_summary_reports_the_hog_servers_ratio_and_the_hogs_cores(tmp_path: Path):
+    import summarize
+
+    busy = [{"recording": True, "scheduler": 1.0, "exporter": 0.0, "other": 0.5, "hog": 0.18},
+            {"recording": False, "scheduler": 1.0, "exporter": 0.0, "other": 0.5, "hog": 0.0}]
+    doc = {"windows": {"ab_hog_0": {"recording": [1.0], "paused": [1.0], "cores_busy": busy}},
+           "verdict": {"hog": {"all_pairs": {"median_ratio": 0.985}}}}
+    (tmp_path / "gpu_sglang_rX_overhead_ab.json").write_text(json.dumps(doc))
+    got = summarize.summarize("t", [str(tmp_path)])["overhead_in_server"]
+    assert got["no_probe_cpu_hog_over_quiet"] == {"median_ratio": 0.985}
+    assert got["cores_busy_p50"]["ab_hog_0"]["hog_recording"] == 0.18
+    assert got["cores_busy_p50"]["ab_hog_0"]["hog_paused"] == 0.0
+
+
+def test_cpu_hog_uses_cpu_while_running_and_none_while_stopped():
+    """The stand-in exporter load of overhead_ab's ``hog`` server: SIGSTOP / SIGCONT switch it."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "probe_pause"))
+    from control import group_cpu_s
+
+    hog = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang" / "cpu_hog.py"
+    proc = subprocess.Popen([sys.executable, str(hog), "0.5", "0.1"], start_new_session=True)
+    try:
+        time.sleep(0.5)  # interpreter start-up
+        c0 = group_cpu_s(proc.pid)["other"]
+        time.sleep(1.5)
+        running = group_cpu_s(proc.pid)["other"] - c0
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        c0 = group_cpu_s(proc.pid)["other"]
+        time.sleep(1.0)
+        stopped = group_cpu_s(proc.pid)["other"] - c0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert running > 0.2  # ~0.75 s asked for; a busy 2-core machine still gives it a good share
+    assert stopped == 0.0

@@ -747,12 +747,14 @@ def window_tokens(done: list, t0: float, t1: float) -> float:
     return total
 
 
-def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float, pin: bool = False) -> dict:
+def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float, pin: bool = False,
+               hog: Optional[subprocess.Popen] = None) -> dict:
     """One server, the probe recording and paused in alternating windows (ABBA), each window
     ``window_s`` of a steady load of ``conc`` concurrent requests (:class:`SteadyLoad`, running
     through every window: a flip does not drain the server); adjacent windows form a pair.
     ``pin``: the scheduler process gets a physical core of the server CPUs to itself
-    (:func:`probe_pause.control.pin_scheduler`), the same one for every server."""
+    (:func:`probe_pause.control.pin_scheduler`), the same one for every server. ``hog``: a
+    stopped :mod:`cpu_hog` process, run during the "recording" windows only."""
     pids = pause.scheduler_pids(srv.proc.pid)
     if not pids:
         return {"error": "no sglang::scheduler process"}
@@ -769,10 +771,15 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
                 break
             for recording in ((True, False) if i % 2 == 0 else (False, True)):
                 pause.set_recording(pids, recording, srv.pause_dir)
+                if hog is not None:
+                    os.kill(hog.pid, signal.SIGCONT if recording else signal.SIGSTOP)
                 time.sleep(0.2)  # requests in flight finish their step under the new state
                 c0, th0, t0 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
+                h0 = pause.group_cpu_s(hog.pid)["other"] if hog is not None else 0.0
                 time.sleep(window_s)
                 c1, th1, t1 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
+                if hog is not None:
+                    c1["hog"], c0["hog"] = pause.group_cpu_s(hog.pid)["other"], h0
                 spans.append((recording, t0, t1))
                 # Cores each role kept busy during the window (the exporter's share says whether
                 # its CPU can be what the recording windows lose), and the scheduler thread's own
@@ -780,6 +787,8 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
                 cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1},
                             "threads": pause.thread_use(th0, th1, pids[0], t1 - t0)})
     finally:
+        if hog is not None:
+            os.kill(hog.pid, signal.SIGSTOP)
         samples = clocks.stop()
         load.stop()
         pause.set_recording(pids, True, srv.pause_dir)
@@ -859,12 +868,12 @@ def ab_judge(windows: dict) -> dict:
 #: SGL_PROBE_TRACE_DIR means none. ``cputimer``: OTLP and trace dir with SGL_PROBE_TIMER=cpu, i.e.
 #: no CUDA event at all; with ``none`` it splits what recording costs between the GPU events and
 #: the export.
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref")
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog")
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
                       exports: tuple = ("probe",), model: str = "tiny", conc: int = 16, pin: bool = False,
-                      aa: bool = True, reverse: bool = False) -> dict:
+                      aa: bool = True, reverse: bool = False, hog_cores: float = 0.18) -> dict:
     """The tiny Llama at ``conc`` (16) concurrent requests, with the probe recording vs paused in
     alternating windows of the same server (no launch-to-launch spread): ``launches`` servers
     exporting every step to OTLP and a trace dir, one server per other entry of ``exports``
@@ -875,7 +884,9 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     ``exports``). ``ref``: the probe's outputs (OTLP and a trace dir) from the wheel of ``build.py
     --ref REV``, so two revisions are measured in one call. ``pin``: see :func:`ab_windows`.
     ``reverse``: the probe servers start (and take ports) in the reverse order, the last of
-    ``exports`` first, so no kind is always the first server up."""
+    ``exports`` first, so no kind is always the first server up. ``hog``: a server without the
+    probe, with :mod:`cpu_hog` using ``hog_cores`` beside it in its "recording" windows (what
+    the exporter process's CPU alone would cost)."""
     unknown = set(exports) - set(AB_EXPORTS)
     if unknown:
         raise ValueError(f"--ab-exports: {sorted(unknown)} not in {AB_EXPORTS}")
@@ -892,13 +903,15 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     env = {"probe": otlp_env(endpoint), "otlp": {**otlp_env(endpoint), "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
            "none": {"SGL_PROBE_TRACE_DIR": ""},
            "cputimer": {**otlp_env(endpoint), "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
-           "ref": {**otlp_env(endpoint), "OTEL_SERVICE_NAME": "sglang-ref"}}
+           "ref": {**otlp_env(endpoint), "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {}}
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
     if reverse:
         names.reverse()
     kinds = [name.split("_")[1] for name in names]
-    servers = [Server(name, 30300 + i, plain, probe=wheels.get(kind) or os.environ["GPU_BENCH_PROBE"], out=out,
-                      env=env[kind], pausable=True) for i, (name, kind) in enumerate(zip(names, kinds))]
+    servers = [Server(name, 30300 + i, plain, out=out, env=env[kind], pausable=True,
+                      probe=None if kind == "hog" else wheels.get(kind) or os.environ["GPU_BENCH_PROBE"])
+               for i, (name, kind) in enumerate(zip(names, kinds))]
+    hogs: dict = {}
     if aa:
         servers.append(Server("ab_aa_0", 30399, plain, probe=None, out=out, pausable=True))
     windows: dict = {}
@@ -909,6 +922,11 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
         live = [s for s in servers if ok[s.name]]
         for s in live:
             s.pause()
+            if s.name.startswith("ab_hog_"):
+                hogs[s.name] = subprocess.Popen(
+                    [sys.executable, str(HERE / "cpu_hog.py"), str(hog_cores)], start_new_session=True,
+                    stdin=subprocess.DEVNULL, preexec_fn=lambda: os.sched_setaffinity(0, SERVER_CPUS))
+                os.kill(hogs[s.name].pid, signal.SIGSTOP)
         # Two passes, the second in the reverse order, half the pairs each: every kind of server
         # is measured both early and late in the call (the first server measured after startup
         # has shown slower first windows than the rest).
@@ -919,10 +937,14 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
                     break
                 s.resume()
                 time.sleep(1.0)
-                windows[s.name] = merge_windows(windows.get(s.name), ab_windows(s, n_pairs, conc, 128, window_s, pin))
+                windows[s.name] = merge_windows(windows.get(s.name),
+                                                ab_windows(s, n_pairs, conc, 128, window_s, pin, hogs.get(s.name)))
                 s.pause()
                 log(f"{s.name}: {ab_judge({s.name: windows[s.name]}).get('all_pairs')}")
     finally:
+        for h in hogs.values():
+            h.kill()
+            h.wait()
         concurrent(lambda s: s.stop(), servers)
         rec.stdin.close()
         rec.wait(30)
@@ -1063,6 +1085,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ab-model", choices=["tiny", "seed32b"], default="tiny", help="overhead_ab: which model")
     ap.add_argument("--ab-conc", type=int, default=16, help="overhead_ab: concurrent requests")
     ap.add_argument("--no-aa", action="store_true", help="overhead_ab: no A/A control server")
+    ap.add_argument("--hog-cores", type=float, default=0.18,
+                    help="overhead_ab: CPU of the hog server's stand-in exporter load (cpu_hog.py)")
     ap.add_argument("--ab-reverse", action="store_true", help="overhead_ab: start the probe servers in reverse order")
     ap.add_argument("--seed-profile", action="store_true",
                     help="seed: each server's phases against the torch profiler's kernels too")
@@ -1095,7 +1119,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             elif suite == "overhead_ab":
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
                                         tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,
-                                        args.pin_scheduler, not args.no_aa, args.ab_reverse)
+                                        args.pin_scheduler, not args.no_aa, args.ab_reverse, args.hog_cores)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

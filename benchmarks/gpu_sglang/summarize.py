@@ -67,7 +67,8 @@ def merge_seed_overheads(parts: list[dict]) -> dict | None:
 #: overhead_ab's probe servers (device.AB_EXPORTS) by the summary's name for their ratio.
 _AB_FIELDS = {"probe": "probe_recording_over_paused", "otlp": "otlp_only_recording_over_paused",
               "none": "no_export_recording_over_paused", "cputimer": "cpu_timer_recording_over_paused",
-              "ref": "reference_wheel_recording_over_paused"}
+              "ref": "reference_wheel_recording_over_paused",
+              "hog": "no_probe_cpu_hog_over_quiet"}
 
 
 def fold_overhead_ab(ab: dict) -> dict:
@@ -83,7 +84,8 @@ def fold_overhead_ab(ab: dict) -> dict:
                 "received_spans": _probe_names(v.get("received_spans")),
                 "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")})
     windows = (ab.get("windows") or {}).items()
-    busy = {name: _kind_medians(w["cores_busy"], ("scheduler", "exporter", "other"), lambda c, k: c[k])
+    busy = {name: _kind_medians(w["cores_busy"], ("scheduler", "exporter", "other")
+                                + (("hog",) if all("hog" in c for c in w["cores_busy"]) else ()), lambda c, k: c[k])
             for name, w in windows if w.get("cores_busy")}
     if busy:
         out["cores_busy_p50"] = busy

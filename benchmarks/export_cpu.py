@@ -273,12 +273,12 @@ def breakdown(steps: int) -> dict:
     out = {"hot_path": (wrapped - bare)}
     rows: list = []
     t0 = tt()
-    while take_ready(rec.steps, rec.timer, time.perf_counter_ns(), False, export.YIELD_EVERY, rows):
+    while take_ready(rec.steps, rec.timer, time.perf_counter_ns(), False, export.CHUNK, rows):
         pass  # what the drain thread does per step, in its chunks
     out["resolve"] = tt() - t0
     t0 = tt()
-    for i in range(0, len(rows), export.YIELD_EVERY):
-        pipe.observe_rows(rows[i:i + export.YIELD_EVERY])
+    for i in range(0, len(rows), export.CHUNK):
+        pipe.observe_rows(rows[i:i + export.CHUNK])
     out["summary_and_observers"] = tt() - t0
     t0 = tt()
     wire.encode_steps(rows, [False] * len(rows))
@@ -304,13 +304,13 @@ def breakdown(steps: int) -> dict:
 def _gil_hold(probe, sched, batch, steps: int) -> dict:
     """A scheduler-like thread sleeps 1 ms at a time while the drain thread resolves ``steps``
     finished steps at once: how late it wakes (the drain holding the GIL), with the drain handing
-    the GIL over every ``YIELD_EVERY`` steps and without."""
+    the GIL over after ``YIELD_AFTER_NS`` of work and without."""
     from sgl_probe import export
 
     out = {}
-    keep = export.YIELD_EVERY
-    for label, every in (("yield_every_%d" % keep, keep), ("no_yield", 10 ** 9)):
-        export.YIELD_EVERY = every
+    keep = export.YIELD_AFTER_NS
+    for label, after in (("yield_after_%d_us" % (keep // 1000), keep), ("no_yield", 10 ** 15)):
+        export.YIELD_AFTER_NS = after
         for _ in range(steps):
             sched.run_batch(batch)
         late: list = []
@@ -330,7 +330,7 @@ def _gil_hold(probe, sched, batch, steps: int) -> dict:
         t.join()
         late.sort()
         out[label] = {"wakeups": len(late), "p50_us": late[len(late) // 2] * 1e6, "max_us": late[-1] * 1e6}
-    export.YIELD_EVERY = keep
+    export.YIELD_AFTER_NS = keep
     return out
 
 
@@ -424,7 +424,7 @@ def compare(args) -> dict:
         "probe_cpu_ratio_new_vs_base": {
             d: ci([a / b for a, b in zip(share(d), share(d + "@base"))]) for d in ("no_export", "out_of_process")},
         # The drain thread's GIL holds show in the tail: a p99 over 3000 steps is the 30th latest
-        # wake-up, so p99.9 and max are where one long hold per drain pass (every 0.2 s) lands.
+        # wake-up, so p99.9 and max are where the holds of a drain pass (every second) land.
         "sleep_overshoot_us": {v: {q: ci([run["sleep_overshoot_us"][q] for run in runs[v]])
                                    for q in ("p50", "p99", "p999", "max") if q in runs[v][0]["sleep_overshoot_us"]}
                                for v in variants},

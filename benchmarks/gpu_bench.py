@@ -12,6 +12,7 @@ OTLP receiver in a child process on localhost while the loops run.
 
 Sections (each in gpu_bench_<section>.py, writes into $OUT/gpu_bench.json; the table is printed last):
   percall   probe's added CPU time per wrapped step vs two bare pooled Event.record() calls
+  drainprof the drain thread's CPU per step with real CUDA events, by stage, and its profile
   loops     paired fine-grained interleaving: untimed / probe (full export) / probe hot path only /
             naive synchronize() timer, per loop shape; median paired ratio + bootstrap 95 % CI
   accuracy  probe phase time vs torch profiler kernel sum and kernel envelope, same steps
@@ -37,6 +38,7 @@ from gpu_bench_capture import section_capture
 from gpu_bench_env import RESULTS, Env, log
 from gpu_bench_graphflag import section_graphflag
 from gpu_bench_loops import ALL_VARIANTS, SHAPES, SMOKE_SHAPES, section_loops
+from gpu_bench_drainprof import section_drainprof
 from gpu_bench_percall import section_percall
 from gpu_bench_syncdebug import section_syncdebug
 
@@ -92,6 +94,9 @@ def main() -> None:
         shapes = SMOKE_SHAPES if env.smoke else SHAPES
         if args.shapes:
             shapes = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
+        if want("drainprof"):
+            run("drainprof", section_drainprof, env, rcv, 300 if env.smoke else 3000)
+            log("drainprof %s" % {k: v for k, v in RESULTS["drainprof"].get("stages", {}).items() if k != "profile"})
         if want("loops"):
             run("loops", section_loops, env, rcv, shapes, args.loop_budget_s, cpu_us,
                 args.variants.split(","), args.max_rounds)

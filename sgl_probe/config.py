@@ -26,7 +26,7 @@ class Config:
     summary_s: float = 30.0
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
     max_pending: int = 8192
-    drain_interval_s: float = 0.2
+    drain_interval_s: float = 1.0
     idle_flush_s: float = 1.0  # the exporter process's quiet-link flush
     nccl_confirm: bool = False
     metrics: str = "auto"  # auto (what SGLang's --enable-metrics / OTEL_* ask for) | off

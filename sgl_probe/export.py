@@ -27,10 +27,15 @@ from sgl_probe.summary import Summary
 
 log = logging.getLogger("sgl_probe")
 
-#: Steps resolved between two GIL hand-overs. A pass over a 0.2 s backlog takes milliseconds, and
-#: a scheduler thread back from a GPU wait would otherwise wait for all of it (up to the 5 ms
-#: switch interval): every 32 steps bounds that wait to a few hundred µs.
-YIELD_EVERY = 32
+#: Steps resolved (and summarised, and sampled) at a time.
+CHUNK = 16
+#: Drain work between two GIL hand-overs. A pass over a second's backlog takes milliseconds, and a
+#: scheduler thread that wants the GIL would otherwise wait for all of it (up to the 5 ms switch
+#: interval). Each hand-over costs too: the scheduler takes the GIL and this thread waits for
+#: it again (up to the switch interval), then resumes on cold caches (~100 µs of its CPU per
+#: hand-over on a launch-bound loop, ``benchmarks/gpu_bench_drainprof.py``), so a time budget:
+#: a hold stays near 0.5 ms on a slow host and a fast one does not hand over more often.
+YIELD_AFTER_NS = 500_000
 #: A real sleep: ``sleep(0)`` releases the GIL but this thread, still on its CPU, usually takes it
 #: back before the woken scheduler thread can.
 YIELD_S = 50e-6
@@ -175,15 +180,18 @@ class Pipeline:
             kept: list[tuple] = []
             kept_slow: list[bool] = []
             done = 0
-            now = time.perf_counter_ns()
+            now = held = time.perf_counter_ns()
             while steps:
                 rows: list[tuple] = []
-                taken = take_ready(steps, timer, now, final, YIELD_EVERY, rows)
+                taken = take_ready(steps, timer, now, final, CHUNK, rows)
                 if not taken:
                     break
                 done += len(rows)
-                if taken == YIELD_EVERY and steps:
-                    time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_EVERY)
+                if taken == CHUNK and steps:
+                    t = time.perf_counter_ns()
+                    if t - held >= YIELD_AFTER_NS:
+                        time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_AFTER_NS)
+                        held = time.perf_counter_ns()
                 self.observe_rows(rows)
                 if sink is None:
                     continue

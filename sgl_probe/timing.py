@@ -309,7 +309,7 @@ class CudaTimer:
     def ready_prefix(self, ends: list) -> int:
         """How many of ``ends`` (end tokens in record order) have completed, in few driver calls:
         events of one stream complete in the order they were recorded, so the completed ones are
-        a prefix. The newest is asked first (a drain pass 0.2 s after the last one usually finds
+        a prefix. The newest is asked first (a drain pass a second after the last one usually finds
         everything done: one query for the whole pass instead of one per step), a binary search
         finds the boundary otherwise. Ends on more than one stream are asked one by one."""
         n = len(ends)

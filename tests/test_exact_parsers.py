@@ -111,7 +111,7 @@ def test_defaults():
     cfg = config.load({})
     assert (cfg.enabled, cfg.timer, cfg.trace_dir, cfg.summary_s, cfg.env_allow, cfg.max_pending,
             cfg.drain_interval_s, cfg.nccl_confirm, cfg.metrics, cfg.idle_flush_s) == (
-        True, "auto", None, 30.0, contract.DEFAULT_ENV_ALLOW, 8192, 0.2, False, "auto", 1.0)
+        True, "auto", None, 30.0, contract.DEFAULT_ENV_ALLOW, 8192, 1.0, False, "auto", 1.0)
 
 
 def test_reads_the_process_environment_when_given_none(monkeypatch):

@@ -57,8 +57,10 @@ PROMPTS = ["hello world the quick", "once upon a time there", "brown fox jumps o
 NEW_TOKENS = 8
 SLOW_S = 1.5
 ARGS = ("--disable-radix-cache", "--dtype", "float32", "--enable-metrics")
-# Small bounded queues and a short exporter timeout keep each phase to seconds.
-ENV = {"SGL_PROBE": "1", "SGL_PROBE_SUMMARY_S": "1", "OTEL_BSP_SCHEDULE_DELAY": "200",
+# Small bounded queues and a short exporter timeout keep each phase to seconds. A drain pass every
+# 0.2 s keeps each burst of spans under the 64-span queues, so a fast output (the trace dir) keeps
+# up while a slow one (the lagging collector) drops: what the slow-collector check tells apart.
+ENV = {"SGL_PROBE": "1", "SGL_PROBE_SUMMARY_S": "1", "SGL_PROBE_DRAIN_S": "0.2", "OTEL_BSP_SCHEDULE_DELAY": "200",
        "OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "16",
        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "3", "SGL_PROBE_RUN_ID": None}
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJQTEFOVEVEIn0.PLANTEDJWTSIGNATURE1"

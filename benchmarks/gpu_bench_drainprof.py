@@ -1,0 +1,119 @@
+"""gpu_bench section drainprof: where the drain thread's CPU per step goes with real CUDA events.
+
+Two measurements of the same probe (CUDA timer, exporter process, OTLP to the receiver):
+
+- ``live``: a launch-bound loop (a small CUDA graph per step, ``spin_us`` of host work before it)
+  with the probe's own drain thread running at its default interval, as in a server; that thread's CPU time
+  (its own clock) per step, and the loop's thread CPU per step.
+- ``stages``: one pass over recorded steps, on a thread named like the probe's (the drain
+  thread's CUDA capture mode), each stage timed by thread CPU: completion check and resolving
+  (``take_ready``), the summary, the link's pickling, the send; then the whole ``drain()`` over
+  fresh steps under cProfile, its top functions by own time.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import threading
+import time
+
+import gpu_common as gc
+from gpu_bench_env import Env
+
+
+def _thread_cpu_ns(thread: threading.Thread) -> int:
+    return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+
+
+def _live(env: Env, rcv_env: dict, seconds: float, host_us: float) -> dict:
+    g, _, _ = env.make_graph(1024, 8, 1)
+    cls = gc.make_variant("dp_live", None, g)
+    probe = gc.make_probe("dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30"})
+    s = cls(None, tp_rank=0)
+    batch = gc.Batch(gc.ForwardMode.DECODE, 16)
+    for _ in range(200):
+        s.run_batch(batch)
+    env.sync()
+    probe.pipeline.flush()
+    drainer = probe.pipeline._thread
+    d0, m0, t0 = _thread_cpu_ns(drainer), time.thread_time_ns(), time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        gc.spin_us(host_us)
+        s.run_batch(batch)
+        n += 1
+    env.sync()
+    time.sleep(1.5)  # the last pass
+    d1, m1 = _thread_cpu_ns(drainer), time.thread_time_ns()
+    out = {"steps": n, "host_us": host_us, "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
+           "loop_thread_cpu_us_per_step": (m1 - m0) / n / 1e3, "dropped": probe.pipeline.dropped_by()}
+    probe.instrumentor.uninstrument()
+    probe.pipeline.shutdown()
+    return out
+
+
+def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
+    from sgl_probe import export, wire
+    from sgl_probe.drain import take_ready
+
+    g, _, _ = env.make_graph(1024, 8, 1)
+    cls = gc.make_variant("dp_stages", None, g)
+    probe = gc.make_probe("dp_stages", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_DRAIN_S": "1000000",
+                                        "SGL_PROBE_MAX_PENDING": str(4 * steps)})
+    s = cls(None, tp_rank=0)
+    batch = gc.Batch(gc.ForwardMode.DECODE, 16)
+    pipe, rec = probe.pipeline, probe.recorder
+    out: dict = {"steps": steps}
+
+    def record() -> None:
+        for _ in range(steps):
+            s.run_batch(batch)
+        env.sync()
+
+    def work() -> None:
+        record()
+        pipe.drain()  # warm-up: the exporter process starts, the first message goes
+        record()
+        tt = time.thread_time_ns
+        rows: list = []
+        t = tt()
+        while take_ready(rec.steps, rec.timer, time.perf_counter_ns(), False, export.CHUNK, rows):
+            pass
+        out["resolve_us"] = (tt() - t) / steps / 1e3
+        t = tt()
+        for i in range(0, len(rows), export.CHUNK):
+            pipe.observe_rows(rows[i:i + export.CHUNK])
+        out["summary_us"] = (tt() - t) / steps / 1e3
+        t = tt()
+        msgs = wire.encode_steps(rows, [False] * len(rows))
+        out["pickle_us"] = (tt() - t) / steps / 1e3
+        t = tt()
+        for data, spans in msgs:
+            pipe.sink._send(data, spans)
+        out["send_us"] = (tt() - t) / steps / 1e3
+        record()
+        t = tt()
+        pipe.drain()
+        out["drain_us"] = (tt() - t) / steps / 1e3
+        record()
+        prof = cProfile.Profile()
+        prof.enable()
+        pipe.drain()
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+        out["profile"] = buf.getvalue()[-6000:]
+
+    th = threading.Thread(target=work, name="sgl-probe-drainprof")
+    th.start()
+    th.join()
+    probe.instrumentor.uninstrument()
+    pipe.shutdown()
+    return out
+
+
+def section_drainprof(env: Env, rcv: gc.ReceiverProcess, steps: int = 3000) -> dict:
+    return {"stages": _stages(env, rcv.env(), steps),
+            "live": [_live(env, rcv.env(), 6.0, host_us) for host_us in (2000.0,)]}

@@ -1,0 +1,46 @@
+"""Pairs of several overhead_ab calls judged as one: the recording / paused ratio of every pair of
+the named servers, median and 95 % bootstrap interval (as ``device.ab_judge``'s ``all_pairs``).
+
+One call's interval on the tiny server is ~+-3 % (the host's speed wanders between windows), so
+servers running the same in-process code are pooled across calls::
+
+    python3 benchmarks/gpu_sglang/pool.py benchmarks/results r21:ab_ref_0 r26:ab_probe_0 r27:ab_probe_0
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import analysis  # noqa: E402
+
+
+def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
+    windows = json.loads((results / f"gpu_sglang_{tag}_overhead_ab.json").read_text())["windows"][server]
+    return [a / b for a, b in zip(windows.get("recording", []), windows.get("paused", [])) if b]
+
+
+def pool(results: Path, picks: list[str]) -> dict:
+    """``picks``: ``TAG:SERVER`` entries (e.g. ``r27:ab_probe_0``)."""
+    every: list[float] = []
+    per: dict = {}
+    for pick in picks:
+        tag, _, server = pick.partition(":")
+        r = pair_ratios(results, tag, server)
+        per[pick] = len(r)
+        every += r
+    out = analysis.bootstrap_ratio([1.0] * len(every), every)
+    out.pop("launches", None)
+    return {**out, "pairs": len(every), "pairs_by_server": per}
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    print(json.dumps(pool(Path(sys.argv[1]), sys.argv[2:]), indent=1))
+
+
+if __name__ == "__main__":
+    main()

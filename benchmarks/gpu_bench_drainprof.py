@@ -4,7 +4,8 @@ Two measurements of the same probe (CUDA timer, exporter process, OTLP to the re
 
 - ``live``: a launch-bound loop (a small CUDA graph per step, ``spin_us`` of host work before it)
   with the probe's own drain thread running at its default interval, as in a server; that thread's CPU time
-  (its own clock) per step, and the loop's thread CPU per step.
+  (its own clock) per step, and the loop's thread CPU per step; as scheduled, then with both
+  threads on one CPU, then on two far-apart CPUs, then as scheduled again.
 - ``stages``: one pass over recorded steps, on a thread named like the probe's (the drain
   thread's CUDA capture mode), each stage timed by thread CPU: completion check and resolving
   (``take_ready``), the summary, the link's pickling, the send; then the whole ``drain()`` over
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
 import threading
 import time
@@ -27,7 +29,14 @@ def _thread_cpu_ns(thread: threading.Thread) -> int:
     return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
 
 
-def _live(env: Env, rcv_env: dict, seconds: float, host_us: float) -> dict:
+def _pin(tid: int, cpu: int) -> None:
+    os.sched_setaffinity(tid, {cpu})
+
+
+def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = "") -> dict:
+    """``pin``: "" (as scheduled), ``same`` (the loop's thread and the drain thread on one CPU:
+    the GIL runs one of them at a time anyway, and the records stay in that CPU's caches) or
+    ``apart`` (the first and the last CPU of this process, on a large host likely far apart)."""
     g, _, _ = env.make_graph(1024, 8, 1)
     cls = gc.make_variant("dp_live", None, g)
     probe = gc.make_probe("dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30"})
@@ -38,6 +47,10 @@ def _live(env: Env, rcv_env: dict, seconds: float, host_us: float) -> dict:
     env.sync()
     probe.pipeline.flush()
     drainer = probe.pipeline._thread
+    cpus = sorted(os.sched_getaffinity(0))
+    if pin:
+        _pin(threading.get_native_id(), cpus[0])
+        _pin(drainer.native_id, cpus[0] if pin == "same" else cpus[-1])
     d0, m0, t0 = _thread_cpu_ns(drainer), time.thread_time_ns(), time.perf_counter()
     n = 0
     while time.perf_counter() - t0 < seconds:
@@ -47,7 +60,9 @@ def _live(env: Env, rcv_env: dict, seconds: float, host_us: float) -> dict:
     env.sync()
     time.sleep(1.5)  # the last pass
     d1, m1 = _thread_cpu_ns(drainer), time.thread_time_ns()
-    out = {"steps": n, "host_us": host_us, "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
+    if pin:
+        os.sched_setaffinity(threading.get_native_id(), cpus)
+    out = {"steps": n, "host_us": host_us, "pin": pin or None, "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
            "loop_thread_cpu_us_per_step": (m1 - m0) / n / 1e3, "dropped": probe.pipeline.dropped_by()}
     probe.instrumentor.uninstrument()
     probe.pipeline.shutdown()
@@ -116,4 +131,4 @@ def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
 
 def section_drainprof(env: Env, rcv: gc.ReceiverProcess, steps: int = 3000) -> dict:
     return {"stages": _stages(env, rcv.env(), steps),
-            "live": [_live(env, rcv.env(), 6.0, host_us) for host_us in (2000.0,)]}
+            "live": [_live(env, rcv.env(), 6.0, 2000.0, pin) for pin in ("", "same", "apart", "")]}

@@ -119,3 +119,45 @@ def test_the_summary_line_names_the_exact_count(dropped, by, tail):
     s.add((ResolvedPhase("decode", 0, 2_000_000, True, "DECODE", 1, 1, 0.1, "t"),))
     line = s.line(dropped=dropped, by=by)
     assert line.endswith("graph=100%" + tail)
+
+
+def _pipeline_with_steps(n: int):
+    import logging
+
+    from sgl_probe import config
+    from sgl_probe.export import Pipeline
+    from sgl_probe.readers import Facts
+    from sgl_probe.recorder import PhaseRecord, Recorder, StepRecord
+
+    rec = Recorder("cpu", 100_000, logging.getLogger("sgl_probe"))
+    rec.ensure_timer()
+    for i in range(n):
+        st = StepRecord(i, Facts("step", "DECODE", 1, 1), 1_000 * i)
+        ph = PhaseRecord(Facts("decode", "DECODE", 1, 1), "t", 1_000 * i, 1_000 * i)
+        ph.t_end = ph.host1 = st.host1 = 1_000 * i + 500
+        st.phases.append(ph)
+        rec.steps.append(st)
+    cfg = config.load({"SGL_PROBE_TIMER": "cpu", "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_METRICS": "off"})
+    return Pipeline(rec, cfg, "run", {"tp_rank": 0}, None)
+
+
+@pytest.mark.parametrize("tick_ns, sleeps", [(600_000, 9), (1_000, 0)])
+def test_the_drain_hands_the_gil_over_after_its_time_budget_not_per_chunk(monkeypatch, tick_ns, sleeps):
+    """160 steps are 10 chunks: with 0.6 ms between the clock's readings every chunk with steps
+    left after it ends in a hand-over (9); with 1 µs the whole pass stays under the 0.5 ms budget
+    (none). Every step is resolved either way."""
+    import types
+
+    from sgl_probe import export
+
+    clock = [0]
+    slept: list = []
+
+    def now() -> int:
+        clock[0] += tick_ns
+        return clock[0]
+
+    monkeypatch.setattr(export, "time", types.SimpleNamespace(perf_counter_ns=now, sleep=slept.append))
+    pipe = _pipeline_with_steps(10 * export.CHUNK)
+    assert pipe.drain() == 10 * export.CHUNK and not pipe.recorder.steps
+    assert len(slept) == sleeps and all(s == export.YIELD_S for s in slept)

@@ -527,3 +527,18 @@ def test_cpu_hog_uses_cpu_while_running_and_none_while_stopped():
         proc.wait()
     assert running > 0.2  # ~0.75 s asked for; a busy 2-core machine still gives it a good share
     assert stopped == 0.0
+
+
+def test_pool_judges_the_pairs_of_servers_from_several_calls_as_one(tmp_path: Path):
+    import pool
+
+    def call(windows: dict) -> str:
+        return json.dumps({"windows": windows})
+
+    (tmp_path / "gpu_sglang_r1_overhead_ab.json").write_text(call({"ab_probe_0": {"recording": [90.0, 99.0], "paused": [100.0, 100.0]},
+                                                                  "ab_aa_0": {"recording": [1.0], "paused": [1.0]}}))
+    (tmp_path / "gpu_sglang_r2_overhead_ab.json").write_text(call({"ab_ref_0": {"recording": [98.0], "paused": [100.0]}}))
+    got = pool.pool(tmp_path, ["r1:ab_probe_0", "r2:ab_ref_0"])
+    assert got["pairs"] == 3 and got["pairs_by_server"] == {"r1:ab_probe_0": 2, "r2:ab_ref_0": 1}
+    assert got["median_ratio"] == pytest.approx(0.98)  # of 0.90, 0.99, 0.98; the A/A server left out
+    assert got["ci95"][0] <= 0.98 <= got["ci95"][1]

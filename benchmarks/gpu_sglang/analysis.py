@@ -284,6 +284,11 @@ def profiler_ratio(spans: list[dict], kernels: list[tuple[int, int]],
 
 # ---- throughput ratios ---------------------------------------------------------------------
 
+def pair_ratios(windows: dict) -> list[float]:
+    """recording / paused of each pair of one server's overhead_ab windows."""
+    return [a / b for a, b in zip(windows.get("recording", []), windows.get("paused", [])) if b]
+
+
 def bootstrap_ratio(off: list[float], on: list[float], n: int = 4000, seed: int = 0) -> dict:
     """on/off ratio of medians over launches, with a 95 % bootstrap interval (resampling launches)."""
     if not off or not on:

@@ -765,6 +765,14 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
     spans: list = []  # (recording, t0, t1)
     epoch = time.time() - time.perf_counter()  # perf_counter -> the clock samples' epoch seconds
     cpu = []
+
+    def cpu_s() -> dict:
+        """CPU seconds by role so far (the hog's own too, when there is one)."""
+        got = pause.group_cpu_s(srv.proc.pid)
+        if hog is not None:
+            got["hog"] = pause.group_cpu_s(hog.pid)["other"]
+        return got
+
     try:
         for i in range(pairs):
             if late():
@@ -774,12 +782,9 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
                 if hog is not None:
                     os.kill(hog.pid, signal.SIGCONT if recording else signal.SIGSTOP)
                 time.sleep(0.2)  # requests in flight finish their step under the new state
-                c0, th0, t0 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
-                h0 = pause.group_cpu_s(hog.pid)["other"] if hog is not None else 0.0
+                c0, th0, t0 = cpu_s(), pause.thread_times(pids[0]), time.perf_counter()
                 time.sleep(window_s)
-                c1, th1, t1 = pause.group_cpu_s(srv.proc.pid), pause.thread_times(pids[0]), time.perf_counter()
-                if hog is not None:
-                    c1["hog"], c0["hog"] = pause.group_cpu_s(hog.pid)["other"], h0
+                c1, th1, t1 = cpu_s(), pause.thread_times(pids[0]), time.perf_counter()
                 spans.append((recording, t0, t1))
                 # Cores each role kept busy during the window (the exporter's share says whether
                 # its CPU can be what the recording windows lose), and the scheduler thread's own
@@ -841,7 +846,7 @@ def ab_judge(windows: dict) -> dict:
     every = []
     clocked: list = [[], [], [], []]  # recording, paused rates and clocks of every pair
     for name, w in windows.items():
-        r = [a / b for a, b in zip(w.get("recording", []), w.get("paused", [])) if b]
+        r = analysis.pair_ratios(w)
         if not r:
             continue
         every += r

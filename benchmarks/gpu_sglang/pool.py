@@ -19,7 +19,7 @@ import analysis  # noqa: E402
 
 def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
     windows = json.loads((results / f"gpu_sglang_{tag}_overhead_ab.json").read_text())["windows"][server]
-    return [a / b for a, b in zip(windows.get("recording", []), windows.get("paused", [])) if b]
+    return analysis.pair_ratios(windows)
 
 
 def pool(results: Path, picks: list[str]) -> dict:

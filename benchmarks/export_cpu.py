@@ -246,9 +246,9 @@ def breakdown(steps: int) -> dict:
     from google.protobuf import json_format
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from sgl_probe import config, export, spans as spans_mod, wire
+    from gpu_common import drain_stage_ns
+    from sgl_probe import config, spans as spans_mod
     from sgl_probe.activate import Probe
-    from sgl_probe.drain import take_ready
     from sgl_probe.resolved import from_row
     from sgl_probe.sinks import make_resource
 
@@ -271,18 +271,9 @@ def breakdown(steps: int) -> dict:
     wrapped = tt() - t0
     rec, pipe = probe.recorder, probe.pipeline
     out = {"hot_path": (wrapped - bare)}
-    rows: list = []
-    t0 = tt()
-    while take_ready(rec.steps, rec.timer, time.perf_counter_ns(), False, export.CHUNK, rows):
-        pass  # what the drain thread does per step, in its chunks
-    out["resolve"] = tt() - t0
-    t0 = tt()
-    for i in range(0, len(rows), export.CHUNK):
-        pipe.observe_rows(rows[i:i + export.CHUNK])
-    out["summary_and_observers"] = tt() - t0
-    t0 = tt()
-    wire.encode_steps(rows, [False] * len(rows))
-    out["pickle_for_the_link"] = tt() - t0
+    stage, rows, _ = drain_stage_ns(pipe, rec)  # what the drain thread does per step, in its chunks
+    out.update(resolve=stage["resolve"] / 1e9, summary_and_observers=stage["summary"] / 1e9,
+               pickle_for_the_link=stage["pickle"] / 1e9)
     res = make_resource({"tp_rank": 0}, "bench", None)
     resolved = [from_row(row) for row in rows]  # what the exporter process does first
     t0 = tt()

@@ -35,10 +35,10 @@ import traceback
 import gpu_common as gc
 from gpu_bench_accuracy import section_accuracy
 from gpu_bench_capture import section_capture
+from gpu_bench_drainprof import section_drainprof
 from gpu_bench_env import RESULTS, Env, log
 from gpu_bench_graphflag import section_graphflag
 from gpu_bench_loops import ALL_VARIANTS, SHAPES, SMOKE_SHAPES, section_loops
-from gpu_bench_drainprof import section_drainprof
 from gpu_bench_percall import section_percall
 from gpu_bench_syncdebug import section_syncdebug
 

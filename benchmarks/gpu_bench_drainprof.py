@@ -33,15 +33,19 @@ def _pin(tid: int, cpu: int) -> None:
     os.sched_setaffinity(tid, {cpu})
 
 
+def _decode_loop(env: Env, tag: str, probe_env: dict):
+    """(probe, scheduler, batch): a small CUDA graph per decode step, the probe over it."""
+    g, _, _ = env.make_graph(1024, 8, 1)
+    cls = gc.make_variant(tag, None, g)
+    probe = gc.make_probe(tag, probe_env)
+    return probe, cls(None, tp_rank=0), gc.Batch(gc.ForwardMode.DECODE, 16)
+
+
 def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = "") -> dict:
     """``pin``: "" (as scheduled), ``same`` (the loop's thread and the drain thread on one CPU:
     the GIL runs one of them at a time anyway, and the records stay in that CPU's caches) or
     ``apart`` (the first and the last CPU of this process, on a large host likely far apart)."""
-    g, _, _ = env.make_graph(1024, 8, 1)
-    cls = gc.make_variant("dp_live", None, g)
-    probe = gc.make_probe("dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30"})
-    s = cls(None, tp_rank=0)
-    batch = gc.Batch(gc.ForwardMode.DECODE, 16)
+    probe, s, batch = _decode_loop(env, "dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30"})
     for _ in range(200):
         s.run_batch(batch)
     env.sync()
@@ -70,15 +74,8 @@ def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = ""
 
 
 def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
-    from sgl_probe import export, wire
-    from sgl_probe.drain import take_ready
-
-    g, _, _ = env.make_graph(1024, 8, 1)
-    cls = gc.make_variant("dp_stages", None, g)
-    probe = gc.make_probe("dp_stages", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_DRAIN_S": "1000000",
-                                        "SGL_PROBE_MAX_PENDING": str(4 * steps)})
-    s = cls(None, tp_rank=0)
-    batch = gc.Batch(gc.ForwardMode.DECODE, 16)
+    probe, s, batch = _decode_loop(env, "dp_stages", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_DRAIN_S": "1000000",
+                                                      "SGL_PROBE_MAX_PENDING": str(4 * steps)})
     pipe, rec = probe.pipeline, probe.recorder
     out: dict = {"steps": steps}
 
@@ -91,19 +88,9 @@ def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
         record()
         pipe.drain()  # warm-up: the exporter process starts, the first message goes
         record()
+        stage, _, msgs = gc.drain_stage_ns(pipe, rec)
+        out.update({f"{k}_us": v / steps / 1e3 for k, v in stage.items()})
         tt = time.thread_time_ns
-        rows: list = []
-        t = tt()
-        while take_ready(rec.steps, rec.timer, time.perf_counter_ns(), False, export.CHUNK, rows):
-            pass
-        out["resolve_us"] = (tt() - t) / steps / 1e3
-        t = tt()
-        for i in range(0, len(rows), export.CHUNK):
-            pipe.observe_rows(rows[i:i + export.CHUNK])
-        out["summary_us"] = (tt() - t) / steps / 1e3
-        t = tt()
-        msgs = wire.encode_steps(rows, [False] * len(rows))
-        out["pickle_us"] = (tt() - t) / steps / 1e3
         t = tt()
         for data, spans in msgs:
             pipe.sink._send(data, spans)

@@ -186,6 +186,31 @@ def make_probe(tag: str, env: dict, targets: Optional[tuple] = None):
     return probe
 
 
+def drain_stage_ns(pipeline, recorder) -> tuple[dict, list, list]:
+    """Thread CPU ns of each stage of the drain over the recorder's finished steps, in the drain's
+    own chunks: resolving them into rows (``resolve``), the summary and any other step observers
+    (``summary``), pickling the rows for the exporter's link (``pickle``). Returns the times, the
+    rows and the link's messages ``(data, spans)``."""
+    from sgl_probe import export, wire
+    from sgl_probe.drain import take_ready
+
+    tt = time.thread_time_ns
+    out: dict = {}
+    rows: list = []
+    t = tt()
+    while take_ready(recorder.steps, recorder.timer, time.perf_counter_ns(), False, export.CHUNK, rows):
+        pass
+    out["resolve"] = tt() - t
+    t = tt()
+    for i in range(0, len(rows), export.CHUNK):
+        pipeline.observe_rows(rows[i:i + export.CHUNK])
+    out["summary"] = tt() - t
+    t = tt()
+    msgs = wire.encode_steps(rows, [False] * len(rows))
+    out["pickle"] = tt() - t
+    return out, rows, msgs
+
+
 # -- receiver in a child process ----------------------------------------------------------------
 
 class ReceiverProcess:

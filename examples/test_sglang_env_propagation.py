@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -51,6 +52,10 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with rc={self.proc.returncode}; log: {self.log}")
+            # SGLang logs a failed bind of its HTTP port and then waits, never healthy.
+            with open(self.log, "rb") as fh:
+                if b"address already in use" in fh.read():
+                    raise RuntimeError(f"the server's port was taken before it could bind it; log: {self.log}")
             try:
                 with NO_PROXY.open(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
@@ -78,11 +83,23 @@ class Server:
                 self.proc.wait()
 
 
+def free_port() -> int:
+    """A free port below Linux's ephemeral range (32768 and up), from which the server's own
+    outgoing connections (NCCL, gloo, ZMQ) take theirs: one of them can otherwise take this port
+    in the seconds before the server binds it."""
+    for port in random.Random().sample(range(20000, 32000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
+
+
 @pytest.fixture(scope="module")
 def sglang_server(sgl_probe_collector, tmp_path_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # This process's env, minus stale OTEL_*/probe settings, plus the collector's OTEL_* (and a
     # fresh run id), plus the variables under test.
     env = sgl_probe_collector.launch_env(EXPECTED)

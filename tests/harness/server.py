@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,11 +28,16 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_port() -> int:
-    # racy by nature (the port is released before sglang binds it), but sglang
-    # picks its internal ports the same way
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Racy by nature (the port is released before sglang binds it); below Linux's ephemeral range
+    # (32768 and up) the server's own outgoing connections (gloo, ZMQ) cannot take it meanwhile.
+    for port in random.Random().sample(range(20000, 32000), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
 
 
 def cpu_bind_spec(tp: int, cpus: Sequence[int] | None = None) -> str:

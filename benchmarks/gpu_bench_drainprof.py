@@ -5,9 +5,7 @@ Two measurements of the same probe (CUDA timer, exporter process, OTLP to the re
 - ``live``: a launch-bound loop (a small CUDA graph per step, ``spin_us`` of host work before it)
   with the probe's own drain thread running at its default interval, as in a server; that thread's CPU time
   (its own clock) per step, and the loop's thread CPU per step; as scheduled, then with both
-  threads on one CPU, then on two far-apart CPUs, then with the probe's own
-  ``SGL_PROBE_DRAIN_CPU=scheduler`` (the drain thread moves to the loop thread's CPU before each
-  pass; nothing else pinned), then as scheduled again.
+  threads on one CPU, then on two far-apart CPUs, then as scheduled again.
 - ``stages``: one pass over recorded steps, on a thread named like the probe's (the drain
   thread's CUDA capture mode), each stage timed by thread CPU: completion check and resolving
   (``take_ready``), the summary, the link's pickling, the send; then the whole ``drain()`` over
@@ -46,17 +44,15 @@ def _decode_loop(env: Env, tag: str, probe_env: dict):
 def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = "") -> dict:
     """``pin``: "" (as scheduled), ``same`` (the loop's thread and the drain thread on one CPU:
     the GIL runs one of them at a time anyway, and the records stay in that CPU's caches) or
-    ``apart`` (the first and the last CPU of this process, on a large host likely far apart) or
-    ``follow`` (``SGL_PROBE_DRAIN_CPU=scheduler``, the probe's setting)."""
-    probe, s, batch = _decode_loop(env, "dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30",
-                                                    "SGL_PROBE_DRAIN_CPU": "scheduler" if pin == "follow" else "any"})
+    ``apart`` (the first and the last CPU of this process, on a large host likely far apart)."""
+    probe, s, batch = _decode_loop(env, "dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30"})
     for _ in range(200):
         s.run_batch(batch)
     env.sync()
     probe.pipeline.flush()
     drainer = probe.pipeline._thread
     cpus = sorted(os.sched_getaffinity(0))
-    if pin in ("same", "apart"):
+    if pin:
         _pin(threading.get_native_id(), cpus[0])
         _pin(drainer.native_id, cpus[0] if pin == "same" else cpus[-1])
     d0, m0, t0 = _thread_cpu_ns(drainer), time.thread_time_ns(), time.perf_counter()
@@ -68,7 +64,7 @@ def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = ""
     env.sync()
     time.sleep(1.5)  # the last pass
     d1, m1 = _thread_cpu_ns(drainer), time.thread_time_ns()
-    if pin in ("same", "apart"):
+    if pin:
         os.sched_setaffinity(threading.get_native_id(), cpus)
     out = {"steps": n, "host_us": host_us, "pin": pin or None, "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
            "loop_thread_cpu_us_per_step": (m1 - m0) / n / 1e3, "dropped": probe.pipeline.dropped_by()}
@@ -122,4 +118,4 @@ def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
 
 def section_drainprof(env: Env, rcv: gc.ReceiverProcess, steps: int = 3000) -> dict:
     return {"stages": _stages(env, rcv.env(), steps),
-            "live": [_live(env, rcv.env(), 6.0, 2000.0, pin) for pin in ("", "same", "apart", "follow", "")]}
+            "live": [_live(env, rcv.env(), 6.0, 2000.0, pin) for pin in ("", "same", "apart", "")]}

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 
-from sgl_probe.contract import DEFAULT_ENV_ALLOW, DRAIN_CPU_VALUES
+from sgl_probe.contract import DEFAULT_ENV_ALLOW
 
 log = logging.getLogger("sgl_probe")
 
@@ -27,7 +27,6 @@ class Config:
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
     max_pending: int = 8192
     drain_interval_s: float = 1.0
-    drain_cpu: str = "any"  # any | scheduler (sgl_probe.drain_cpu)
     idle_flush_s: float = 1.0  # the exporter process's quiet-link flush
     nccl_confirm: bool = False
     metrics: str = "auto"  # auto (what SGLang's --enable-metrics / OTEL_* ask for) | off
@@ -116,8 +115,6 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         max_pending=get("SGL_PROBE_MAX_PENDING", _parse_pos_int, defaults.max_pending, "an integer > 0"),
         drain_interval_s=get("SGL_PROBE_DRAIN_S", _parse_pos_float, defaults.drain_interval_s,
                              "a number of seconds > 0"),
-        drain_cpu=get("SGL_PROBE_DRAIN_CPU", _parse_choice(DRAIN_CPU_VALUES), defaults.drain_cpu,
-                      ", ".join(DRAIN_CPU_VALUES)),
         idle_flush_s=get("SGL_PROBE_IDLE_FLUSH_S", _parse_pos_float, defaults.idle_flush_s,
                          "a number of seconds > 0"),
         nccl_confirm=get("SGL_PROBE_NCCL_CONFIRM", _parse_bool, False, "1/true/yes/on or 0/false/no/off"),

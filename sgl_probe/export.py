@@ -20,7 +20,6 @@ from typing import Any, Optional
 from sgl_probe import metrics_setup, sinks
 from sgl_probe.contract import ENV_SPAN
 from sgl_probe.drain import take_ready
-from sgl_probe.drain_cpu import FollowScheduler
 from sgl_probe.exporter_process import ProcessSink
 from sgl_probe.resolved import PHASES, ResolvedStep, from_row
 from sgl_probe.sampling import StepSampling
@@ -139,7 +138,6 @@ class Pipeline:
 
     def _run(self) -> None:
         interval = self.cfg.drain_interval_s
-        follow = FollowScheduler() if self.cfg.drain_cpu == "scheduler" else None
         while True:
             sink = self.sink
             if sink is not None and sink.backlogged:  # a burst the link could not take at once
@@ -149,8 +147,6 @@ class Pipeline:
             elif self._stop.wait(interval):
                 break
             try:
-                if follow is not None:
-                    follow(self.recorder.hot_tid)
                 self.drain()
             except Exception as exc:  # keep draining; one bad record must not stop export
                 log.warning("sgl-probe: drain error: %r", exc)

@@ -99,7 +99,6 @@ class Recorder:
         self.step_count = 0
         self.dropped_steps = 0
         self.spec: dict = {}  # num_steps / topk / num_draft_tokens / algorithm, from server args
-        self.hot_tid: Optional[int] = None  # native id of the thread that records (the first step's)
 
     def reset_after_fork(self) -> None:
         # In place: the wrapped methods hold these objects. The forking thread is the only one
@@ -108,13 +107,11 @@ class Recorder:
         self.steps.clear()
         self.awaiting_accept.clear()
         self.timer = None
-        self.hot_tid = None
 
     def ensure_timer(self) -> Any:
         if self.timer is None:
             from sgl_probe.timing import make_timer
 
-            self.hot_tid = threading.get_native_id()
             self.timer = make_timer(self._timer_choice, self._log)
         return self.timer
 

@@ -21,7 +21,6 @@ BAD = {
                          "comma-separated variable names or PREFIX* patterns"),
     contract.ENV_MAX_PENDING: (["0", "-5", "1.5", "lots", "1e3", "inf"], "an integer > 0"),
     contract.ENV_DRAIN_S: (["0", "-1", "0.0", "never", "inf", "nan"], "a number of seconds > 0"),
-    contract.ENV_DRAIN_CPU: (["0", "same", "scheduler0", "cpu"], "any, scheduler"),
     contract.ENV_IDLE_FLUSH_S: (["0", "-2", "soon", "inf"], "a number of seconds > 0"),
     contract.ENV_NCCL_CONFIRM: (["please", "2", "y"], "1/true/yes/on or 0/false/no/off"),
     contract.ENV_METRICS: (["on", "prometheus", "0"], "auto, off"),
@@ -30,7 +29,7 @@ FIELD = {contract.ENV_ENABLE: "enabled", contract.ENV_TIMER: "timer", contract.E
          contract.ENV_ALLOW: "env_allow", contract.ENV_MAX_PENDING: "max_pending",
          contract.ENV_DRAIN_S: "drain_interval_s", contract.ENV_NCCL_CONFIRM: "nccl_confirm",
          contract.ENV_IDLE_FLUSH_S: "idle_flush_s",
-         contract.ENV_METRICS: "metrics", contract.ENV_DRAIN_CPU: "drain_cpu",
+         contract.ENV_METRICS: "metrics",
          contract.ENV_TRACE_DIR: "trace_dir"}
 
 
@@ -94,7 +93,6 @@ def test_a_bad_value_leaves_the_other_settings_as_given():
     (contract.ENV_IDLE_FLUSH_S, "0.25", 0.25), (contract.ENV_IDLE_FLUSH_S, "3600", 3600.0),
     (contract.ENV_TRACE_DIR, "/tmp/t r", "/tmp/t r"),
     (contract.ENV_METRICS, " OFF", "off"), (contract.ENV_METRICS, "auto", "auto"),
-    (contract.ENV_DRAIN_CPU, " Scheduler", "scheduler"), (contract.ENV_DRAIN_CPU, "any", "any"),
 ])
 def test_good_values_are_taken_without_a_word(name, raw, want, warnings):
     cfg = config.load({name: raw})

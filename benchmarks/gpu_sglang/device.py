@@ -872,8 +872,8 @@ def ab_judge(windows: dict) -> dict:
 #: OTLP only, nothing (the summary line only; CUDA events and the drain as usual). An empty
 #: SGL_PROBE_TRACE_DIR means none. ``cputimer``: OTLP and trace dir with SGL_PROBE_TIMER=cpu, i.e.
 #: no CUDA event at all; with ``none`` it splits what recording costs between the GPU events and
-#: the export. ``follow``: as ``probe``, with SGL_PROBE_DRAIN_CPU=scheduler.
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "follow")
+#: the export.
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog")
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
@@ -908,8 +908,7 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     env = {"probe": otlp_env(endpoint), "otlp": {**otlp_env(endpoint), "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
            "none": {"SGL_PROBE_TRACE_DIR": ""},
            "cputimer": {**otlp_env(endpoint), "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
-           "ref": {**otlp_env(endpoint), "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {},
-           "follow": {**otlp_env(endpoint), "SGL_PROBE_DRAIN_CPU": "scheduler", "OTEL_SERVICE_NAME": "sglang-follow"}}
+           "ref": {**otlp_env(endpoint), "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {}}
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
     if reverse:
         names.reverse()

@@ -68,7 +68,7 @@ def merge_seed_overheads(parts: list[dict]) -> dict | None:
 _AB_FIELDS = {"probe": "probe_recording_over_paused", "otlp": "otlp_only_recording_over_paused",
               "none": "no_export_recording_over_paused", "cputimer": "cpu_timer_recording_over_paused",
               "ref": "reference_wheel_recording_over_paused",
-              "hog": "no_probe_cpu_hog_over_quiet", "follow": "drain_on_scheduler_cpu_recording_over_paused"}
+              "hog": "no_probe_cpu_hog_over_quiet"}
 
 
 def fold_overhead_ab(ab: dict) -> dict:

@@ -542,3 +542,27 @@ def test_pool_judges_the_pairs_of_servers_from_several_calls_as_one(tmp_path: Pa
     assert got["pairs"] == 3 and got["pairs_by_server"] == {"r1:ab_probe_0": 2, "r2:ab_ref_0": 1}
     assert got["median_ratio"] == pytest.approx(0.98)  # of 0.90, 0.99, 0.98; the A/A server left out
     assert got["ci95"][0] <= 0.98 <= got["ci95"][1]
+
+
+def test_cross_estimator_cancels_what_slows_both_servers_and_each_servers_own_speed():
+    """Rates built from a true recording/paused factor of 0.98, server speeds 6,000 and 7,000
+    tok/s and a host speed that wanders by up to +-30 % from window to window: every cross pair
+    reads 0.98 exactly, while each server's own pairs scatter."""
+    import random
+
+    sys.path.insert(0, str(GPU))
+    import device
+
+    rng = random.Random(3)
+    rates = []
+    for i in range(12):
+        for a_records in ((True, False) if i % 2 == 0 else (False, True)):
+            host = rng.uniform(0.7, 1.3)
+            rates.append({"a_records": a_records, "a": 6000 * host * (0.98 if a_records else 1.0),
+                          "b": 7000 * host * (1.0 if a_records else 0.98)})
+    assert device.cross_ratios(rates) == pytest.approx([0.98] * 12)
+    v = device.cross_judge({"windows": rates})
+    assert v["cross"]["median_ratio"] == pytest.approx(0.98) and v["cross"]["pairs"] == 12
+    assert v["cross"]["ci95"] == pytest.approx([0.98, 0.98])
+    lo, hi = v["one_server_a"]["ci95"]
+    assert hi - lo > 0.1  # the wander, which one server's pairs cannot tell from the probe

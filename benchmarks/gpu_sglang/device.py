@@ -963,6 +963,126 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     return {"model": model, "conc": conc, "windows": windows, "verdict": verdict}
 
 
+def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, window_s: float,
+                     settle_s: float = 1.2, flip: bool = True) -> dict:
+    """Two probe servers of one wheel, both under a steady load at once; in each window one
+    records and the other is paused, the next window the other way round (ABBA over pairs).
+
+    The host's speed wanders by more than the effect measured (single-server pairs of 3 s windows
+    on the tiny model ranged 0.66-1.42). Whatever slows both servers in a window cancels in
+    ``(a_X / b_X) / (a_Y / b_Y)`` (X: a records, Y: b records), which is the recording/paused
+    factor squared; so is each server's own speed. What does not cancel is anything that slows
+    only one server's CPUs, and the coupling of two servers on one GPU: a server that records
+    and slows leaves the other a little more GPU, which makes the estimate err towards a larger
+    cost, never a smaller one.
+
+    ``settle_s`` after each flip before a window opens: the drain resolves and exports a second's
+    steps at a time (SGL_PROBE_DRAIN_S), so the first second after a server stops recording still
+    exports what it recorded before. ``flip=False``: the control; both servers stay paused and the
+    windows are labelled as if they flipped, which shows the estimator's own spread and bias."""
+    pids = {s.name: pause.scheduler_pids(s.proc.pid) for s in (a, b)}
+    if not all(pids.values()):
+        return {"error": "no sglang::scheduler process"}
+    loads = {s.name: SteadyLoad(s, conc, tokens).start() for s in (a, b)}
+    time.sleep(3.0)  # warm-up, both loads running
+    windows: list = []  # (a records?, t0, t1)
+    cpu: list = []
+    try:
+        for i in range(pairs):
+            if late():
+                break
+            for a_records in ((True, False) if i % 2 == 0 else (False, True)):
+                pause.set_recording(pids[a.name], a_records and flip, a.pause_dir)
+                pause.set_recording(pids[b.name], not a_records and flip, b.pause_dir)
+                time.sleep(settle_s)
+                c0 = {n: pause.group_cpu_s(s.proc.pid) for n, s in ((a.name, a), (b.name, b))}
+                th0 = {n: pause.thread_times(p[0]) for n, p in pids.items()}
+                t0 = time.perf_counter()
+                time.sleep(window_s)
+                t1 = time.perf_counter()
+                c1 = {n: pause.group_cpu_s(s.proc.pid) for n, s in ((a.name, a), (b.name, b))}
+                th1 = {n: pause.thread_times(p[0]) for n, p in pids.items()}
+                windows.append((a_records, t0, t1))
+                for n, p in pids.items():
+                    cpu.append({"server": n, "recording": flip and a_records == (n == a.name),
+                                **{k: (c1[n][k] - c0[n][k]) / (t1 - t0) for k in c1[n]},
+                                "threads": pause.thread_use(th0[n], th1[n], p[0], t1 - t0)})
+    finally:
+        for s in (a, b):
+            loads[s.name].stop()
+            pause.set_recording(pids[s.name], True, s.pause_dir)
+    rates = [{"a_records": r, "a": loads[a.name].rate(t0, t1), "b": loads[b.name].rate(t0, t1)}
+             for r, t0, t1 in windows]
+    for j in range(0, len(rates) - 1, 2):
+        x, y = (rates[j], rates[j + 1]) if rates[j]["a_records"] else (rates[j + 1], rates[j])
+        log(f"cross pair {j // 2}: a {x['a']:.0f}/{y['a']:.0f} b {x['b']:.0f}/{y['b']:.0f} tok/s "
+            f"-> {cross_ratios([x, y])[0]:.4f}")
+    return {"servers": [a.name, b.name], "flip": flip, "settle_s": settle_s, "windows": rates, "cores_busy": cpu,
+            "load": "steady, both servers",
+            "requests": {n: len(l.done) for n, l in loads.items()}, "request_errors": {n: l.errors for n, l in loads.items()}}
+
+
+def cross_ratios(rates: list) -> list[float]:
+    """Recording/paused per pair of :func:`ab_cross_windows`' windows: the square root of
+    ``(a_X / b_X) / (a_Y / b_Y)``."""
+    out = []
+    for j in range(0, len(rates) - 1, 2):
+        x, y = (rates[j], rates[j + 1]) if rates[j]["a_records"] else (rates[j + 1], rates[j])
+        if x["b"] and y["a"] and x["a"] and y["b"]:
+            out.append(((x["a"] / x["b"]) / (y["a"] / y["b"])) ** 0.5)
+    return out
+
+
+def cross_judge(res: dict) -> dict:
+    """The cross estimator, and each server's own recording/paused pairs from the same windows
+    (what a one-server A/B would have read) for comparison of spread."""
+    rates = res.get("windows") or []
+    r = cross_ratios(rates)
+    out: dict = {"cross": dict(analysis.bootstrap_ratio([1.0] * len(r), r), pairs=len(r)) if r else None}
+    for side, records in (("a", True), ("b", False)):
+        own = []
+        for j in range(0, len(rates) - 1, 2):
+            x, y = (rates[j], rates[j + 1]) if rates[j]["a_records"] else (rates[j + 1], rates[j])
+            rec, paused = (x, y) if records else (y, x)
+            if paused[side]:
+                own.append(rec[side] / paused[side])
+        out[f"one_server_{side}"] = analysis.bootstrap_ratio([1.0] * len(own), own) if own else None
+    return out
+
+
+def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, conc: int = 16,
+                         control_pairs: int = 0) -> dict:
+    """The tiny Llama, two probe servers (this wheel, OTLP/gRPC and a trace dir, every step)
+    measured at once by :func:`ab_cross_windows` (both on the server CPUs, where the OS puts them),
+    then ``control_pairs`` pairs of its control (neither records)."""
+    received = str(out / "received_cross.jsonl")
+    rec, endpoint = receiver(received)
+    plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
+    servers = [Server(f"cross_{i}", 30350 + i, plain, out=out, env=otlp_env(endpoint), pausable=True,
+                      probe=os.environ["GPU_BENCH_PROBE"]) for i in range(2)]
+    res: dict = {}
+    try:
+        for s in servers:
+            s.start()
+        if all(s.wait_ready(360) for s in servers):
+            time.sleep(1.0)
+            res = ab_cross_windows(servers[0], servers[1], pairs, conc, 128, window_s)
+            if control_pairs:
+                res["control"] = ab_cross_windows(servers[0], servers[1], control_pairs, conc, 128, window_s,
+                                                  flip=False)
+        else:
+            res = {"error": "a server did not come up"}
+    finally:
+        concurrent(lambda s: s.stop(), servers)
+        rec.stdin.close()
+        rec.wait(30)
+    res["verdict"] = cross_judge(res)
+    if "control" in res:
+        res["verdict"]["control"] = cross_judge(res["control"])
+    count_exported(res["verdict"], servers, received)
+    return res
+
+
 def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0, obs: bool = False) -> dict:
     """The 32B-class config (GPU-bound, ~19 ms per decode step) with and without the probe, at
     batch 1 and batch 8: ``pairs`` launches of each, a pair at a time (two fit one H200 with a
@@ -1075,7 +1195,7 @@ def pack(out: Path, suite: str) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("suites", nargs="+", choices=["correct", "seed", "overhead", "full", "seed_overhead",
-                                                  "overhead_ab"])
+                                                  "overhead_ab", "overhead_cross"])
     ap.add_argument("--carry", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--launches", type=int, default=5)
@@ -1087,6 +1207,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="seed_overhead: SGLang's own observability instead of the probe in pairs 2-3 of every 4")
     ap.add_argument("--ab-exports", default="probe",
                     help="overhead_ab: comma-separated from %s (one server each beyond --launches)" % (AB_EXPORTS,))
+    ap.add_argument("--control-pairs", type=int, default=0,
+                    help="overhead_cross: pairs of the control (neither server records) after the pairs")
     ap.add_argument("--ab-model", choices=["tiny", "seed32b"], default="tiny", help="overhead_ab: which model")
     ap.add_argument("--ab-conc", type=int, default=16, help="overhead_ab: concurrent requests")
     ap.add_argument("--no-aa", action="store_true", help="overhead_ab: no A/A control server")
@@ -1125,6 +1247,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res = suite_overhead_ab(args.carry, args.out, args.launches, args.pairs, args.window_s,
                                         tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,
                                         args.pin_scheduler, not args.no_aa, args.ab_reverse, args.hog_cores)
+            elif suite == "overhead_cross":
+                res = suite_overhead_cross(args.carry, args.out, args.pairs, args.window_s, args.ab_conc,
+                                           args.control_pairs)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

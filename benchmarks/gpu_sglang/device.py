@@ -1051,14 +1051,18 @@ def cross_judge(res: dict) -> dict:
 
 
 def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, conc: int = 16,
-                         control_pairs: int = 0) -> dict:
-    """The tiny Llama, two probe servers (this wheel, OTLP/gRPC and a trace dir, every step)
-    measured at once by :func:`ab_cross_windows` (both on the server CPUs, where the OS puts them),
-    then ``control_pairs`` pairs of its control (neither records)."""
+                         control_pairs: int = 0, export: str = "probe") -> dict:
+    """The tiny Llama, two probe servers (this wheel, OTLP/gRPC and a trace dir, every step;
+    ``export="none"``: nothing exported, the CUDA events and the drain as usual) measured at once
+    by :func:`ab_cross_windows` (both on the server CPUs, where the OS puts them), then
+    ``control_pairs`` pairs of its control (neither records)."""
+    if export not in ("probe", "none"):
+        raise ValueError(f"overhead_cross: --ab-exports {export!r} is not probe or none")
     received = str(out / "received_cross.jsonl")
     rec, endpoint = receiver(received)
+    env = otlp_env(endpoint) if export == "probe" else {"SGL_PROBE_TRACE_DIR": ""}
     plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    servers = [Server(f"cross_{i}", 30350 + i, plain, out=out, env=otlp_env(endpoint), pausable=True,
+    servers = [Server(f"cross_{i}", 30350 + i, plain, out=out, env=env, pausable=True,
                       probe=os.environ["GPU_BENCH_PROBE"]) for i in range(2)]
     res: dict = {}
     try:
@@ -1076,6 +1080,7 @@ def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, co
         concurrent(lambda s: s.stop(), servers)
         rec.stdin.close()
         rec.wait(30)
+    res["export"] = export
     res["verdict"] = cross_judge(res)
     if "control" in res:
         res["verdict"]["control"] = cross_judge(res["control"])
@@ -1249,7 +1254,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                         args.pin_scheduler, not args.no_aa, args.ab_reverse, args.hog_cores)
             elif suite == "overhead_cross":
                 res = suite_overhead_cross(args.carry, args.out, args.pairs, args.window_s, args.ab_conc,
-                                           args.control_pairs)
+                                           args.control_pairs, args.ab_exports)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

@@ -1051,11 +1051,14 @@ def cross_judge(res: dict) -> dict:
 
 
 def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, conc: int = 16,
-                         control_pairs: int = 0, export: str = "probe") -> dict:
+                         control_pairs: int = 0, export: str = "probe", tokens: int = 128) -> dict:
     """The tiny Llama, two probe servers (this wheel, OTLP/gRPC and a trace dir, every step;
     ``export="none"``: nothing exported, the CUDA events and the drain as usual) measured at once
     by :func:`ab_cross_windows` (both on the server CPUs, where the OS puts them), then
-    ``control_pairs`` pairs of its control (neither records)."""
+    ``control_pairs`` pairs of its control (neither records). ``tokens`` per request: with 128,
+    a request starts every ~8 steps and the batch's size and mix keep changing, which moves a 3 s
+    window's rate by ~6 % on its own, differently on each server (r31); longer requests keep
+    the batch steady."""
     if export not in ("probe", "none"):
         raise ValueError(f"overhead_cross: --ab-exports {export!r} is not probe or none")
     received = str(out / "received_cross.jsonl")
@@ -1070,9 +1073,9 @@ def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, co
             s.start()
         if all(s.wait_ready(360) for s in servers):
             time.sleep(1.0)
-            res = ab_cross_windows(servers[0], servers[1], pairs, conc, 128, window_s)
+            res = ab_cross_windows(servers[0], servers[1], pairs, conc, tokens, window_s)
             if control_pairs:
-                res["control"] = ab_cross_windows(servers[0], servers[1], control_pairs, conc, 128, window_s,
+                res["control"] = ab_cross_windows(servers[0], servers[1], control_pairs, conc, tokens, window_s,
                                                   flip=False)
         else:
             res = {"error": "a server did not come up"}
@@ -1080,7 +1083,7 @@ def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, co
         concurrent(lambda s: s.stop(), servers)
         rec.stdin.close()
         rec.wait(30)
-    res["export"] = export
+    res["export"], res["tokens"] = export, tokens
     res["verdict"] = cross_judge(res)
     if "control" in res:
         res["verdict"]["control"] = cross_judge(res["control"])
@@ -1212,6 +1215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="seed_overhead: SGLang's own observability instead of the probe in pairs 2-3 of every 4")
     ap.add_argument("--ab-exports", default="probe",
                     help="overhead_ab: comma-separated from %s (one server each beyond --launches)" % (AB_EXPORTS,))
+    ap.add_argument("--tokens", type=int, default=128, help="overhead_cross: output tokens per request")
     ap.add_argument("--control-pairs", type=int, default=0,
                     help="overhead_cross: pairs of the control (neither server records) after the pairs")
     ap.add_argument("--ab-model", choices=["tiny", "seed32b"], default="tiny", help="overhead_ab: which model")
@@ -1254,7 +1258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                         args.pin_scheduler, not args.no_aa, args.ab_reverse, args.hog_cores)
             elif suite == "overhead_cross":
                 res = suite_overhead_cross(args.carry, args.out, args.pairs, args.window_s, args.ab_conc,
-                                           args.control_pairs, args.ab_exports)
+                                           args.control_pairs, args.ab_exports, args.tokens)
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

@@ -566,3 +566,24 @@ def test_cross_estimator_cancels_what_slows_both_servers_and_each_servers_own_sp
     assert v["cross"]["ci95"] == pytest.approx([0.98, 0.98])
     lo, hi = v["one_server_a"]["ci95"]
     assert hi - lo > 0.1  # the wander, which one server's pairs cannot tell from the probe
+
+
+def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
+    import summarize
+
+    threads = {k: 0.5 for k in summarize.THREAD_KEYS}
+    cores = [{"server": "cross_0", "recording": r, "scheduler": 1.0, "exporter": 0.2 if r else 0.0, "other": 0.3,
+              "threads": dict(threads, main_asleep=0.007 if r else 0.001)} for r in (True, False, False, True)]
+    verdict = {"cross": {"median_ratio": 0.99, "ci95": [0.98, 1.0], "pairs": 20},
+               "one_server_a": {"median_ratio": 1.01}, "one_server_b": {"median_ratio": 0.97},
+               "control": {"cross": {"median_ratio": 1.0, "pairs": 6}},
+               "received_spans": {"sglang:sglang.decode": 9}, "decode_spans_in_trace_dirs": {"cross_0": 9}}
+    (tmp_path / "gpu_sglang_r32_overhead_cross.json").write_text(
+        json.dumps({"tokens": 1024, "export": "probe", "cores_busy": cores, "verdict": verdict}))
+    (tmp_path / "machine.txt").write_text("NVIDIA H200\ntorch 2 sglang 0.5.23\n")
+    got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]["r32"]
+    assert got["recording_over_paused"]["median_ratio"] == 0.99 and got["tokens"] == 1024
+    assert got["control"]["pairs"] == 6 and got["one_server"]["b"]["median_ratio"] == 0.97
+    assert got["cores_busy_p50"]["exporter_recording"] == 0.2 and got["cores_busy_p50"]["exporter_paused"] == 0.0
+    assert got["scheduler_threads_p50"]["main_asleep_recording"] == 0.007
+    assert got["received_spans"] == {"sglang:sglang.decode": 9}

@@ -96,6 +96,24 @@ def fold_overhead_ab(ab: dict) -> dict:
     return out
 
 
+def fold_overhead_cross(res: dict) -> dict:
+    """One overhead_cross call: the cross estimator, what each server's own pairs read from the
+    same windows, the control, what was exported, and the scheduler process's cores and threads
+    (medians over both servers' windows of each kind)."""
+    v = res.get("verdict", {})
+    out = {"export": res.get("export", "probe"), "tokens": res.get("tokens", 128),
+           "recording_over_paused": v.get("cross"),
+           "one_server": {side: v.get(f"one_server_{side}") for side in ("a", "b")},
+           "control": (v.get("control") or {}).get("cross"),
+           "received_spans": _probe_names(v.get("received_spans")),
+           "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}
+    cores = res.get("cores_busy") or []
+    if cores:
+        out["cores_busy_p50"] = _kind_medians(cores, ("scheduler", "exporter", "other"), lambda c, k: c[k])
+        out["scheduler_threads_p50"] = _kind_medians(cores, THREAD_KEYS, lambda c, k: c["threads"][k])
+    return out
+
+
 def _kind_medians(cores_busy: list, keys: tuple, value) -> dict:
     """``{key}_recording`` / ``{key}_paused``: the median of ``value(window, key)`` over the
     windows of each kind that the server had."""
@@ -119,6 +137,9 @@ def summarize(run: str, dirs: list[str]) -> dict:
                 suites.update({k: v for k, v in data.items() if k in ("correct", "overhead")})
             elif Path(path).stem.endswith("_seed_overhead"):
                 suites.setdefault("seed_overheads", []).append(data)
+            elif Path(path).stem.endswith("_overhead_cross"):
+                tag = Path(path).stem[len("gpu_sglang_"):-len("_overhead_cross")]
+                suites.setdefault("overhead_crosses", []).append((tag, data))
             elif Path(path).stem.endswith("_overhead_ab"):
                 tag = Path(path).stem[len("gpu_sglang_"):-len("_overhead_ab")]
                 suites.setdefault("overhead_abs", []).append((tag, data))
@@ -185,6 +206,9 @@ def summarize(run: str, dirs: list[str]) -> dict:
         out["overhead_in_server"] = fold_overhead_ab(abs_[0][1])
     elif abs_:  # several calls (e.g. the tiny model and the 32B-class one): one entry per tag
         out["overhead_in_server"] = {tag: fold_overhead_ab(ab) for tag, ab in abs_}
+    crosses = suites.get("overhead_crosses") or []
+    if crosses:
+        out["overhead_cross"] = {tag: fold_overhead_cross(res) for tag, res in crosses}
     return out
 
 

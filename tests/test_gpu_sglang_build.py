@@ -587,3 +587,14 @@ def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
     assert got["cores_busy_p50"]["exporter_recording"] == 0.2 and got["cores_busy_p50"]["exporter_paused"] == 0.0
     assert got["scheduler_threads_p50"]["main_asleep_recording"] == 0.007
     assert got["received_spans"] == {"sglang:sglang.decode": 9}
+
+
+@pytest.mark.parametrize("export, env, match", [("hog", {}, "not one of"), ("ref", {"GPU_BENCH_PROBE_REF": "absent"}, "no probe wheel")])
+def test_overhead_cross_refuses_a_kind_it_cannot_run_before_starting_anything(tmp_path: Path, monkeypatch, export, env, match):
+    import device
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, str(tmp_path / v))
+    with pytest.raises(ValueError, match=match):
+        device.suite_overhead_cross(tmp_path, tmp_path, 1, 1.0, export=export)
+    assert not list(tmp_path.iterdir())

@@ -876,6 +876,15 @@ def ab_judge(windows: dict) -> dict:
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog")
 
 
+def ab_env(kind: str, endpoint: str) -> dict:
+    """The server env of one of :data:`AB_EXPORTS`."""
+    otlp = otlp_env(endpoint)
+    return {"probe": otlp, "otlp": {**otlp, "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
+            "none": {"SGL_PROBE_TRACE_DIR": ""},
+            "cputimer": {**otlp, "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
+            "ref": {**otlp, "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {}}[kind]
+
+
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
                       exports: tuple = ("probe",), model: str = "tiny", conc: int = 16, pin: bool = False,
                       aa: bool = True, reverse: bool = False, hog_cores: float = 0.18) -> dict:
@@ -905,10 +914,7 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
                           extra=("--load-format", "dummy", "--context-length", "2048"))
     else:
         plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    env = {"probe": otlp_env(endpoint), "otlp": {**otlp_env(endpoint), "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
-           "none": {"SGL_PROBE_TRACE_DIR": ""},
-           "cputimer": {**otlp_env(endpoint), "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
-           "ref": {**otlp_env(endpoint), "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {}}
+    env = {kind: ab_env(kind, endpoint) for kind in AB_EXPORTS}
     names = [f"ab_probe_{i}" for i in range(launches)] + [f"ab_{e}_0" for e in exports if e != "probe"]
     if reverse:
         names.reverse()
@@ -1053,20 +1059,25 @@ def cross_judge(res: dict) -> dict:
 def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, conc: int = 16,
                          control_pairs: int = 0, export: str = "probe", tokens: int = 128) -> dict:
     """The tiny Llama, two probe servers (this wheel, OTLP/gRPC and a trace dir, every step;
-    ``export="none"``: nothing exported, the CUDA events and the drain as usual) measured at once
-    by :func:`ab_cross_windows` (both on the server CPUs, where the OS puts them), then
+    ``export``: another of :data:`AB_EXPORTS` with a probe, e.g. ``none``, nothing exported,
+    the CUDA events and the drain as usual) measured at once by :func:`ab_cross_windows` (both
+    on the server CPUs, where the OS puts them), then
     ``control_pairs`` pairs of its control (neither records). ``tokens`` per request: with 128,
     a request starts every ~8 steps and the batch's size and mix keep changing, which moves a 3 s
     window's rate by ~6 % on its own, differently on each server (r31); longer requests keep
     the batch steady."""
-    if export not in ("probe", "none"):
-        raise ValueError(f"overhead_cross: --ab-exports {export!r} is not probe or none")
+    kinds = ("probe", "otlp", "none", "cputimer", "ref")
+    if export not in kinds:
+        raise ValueError(f"overhead_cross: --ab-exports {export!r} is not one of {kinds}")
+    probe = os.environ.get("GPU_BENCH_PROBE_REF" if export == "ref" else "GPU_BENCH_PROBE", "")
+    if not probe or not Path(probe).is_dir():
+        raise ValueError(f"overhead_cross: no probe wheel installed for {export!r} (build.py, --ref REV for ref)")
     received = str(out / "received_cross.jsonl")
     rec, endpoint = receiver(received)
-    env = otlp_env(endpoint) if export == "probe" else {"SGL_PROBE_TRACE_DIR": ""}
+    env = ab_env(export, endpoint)
     plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    servers = [Server(f"cross_{i}", 30350 + i, plain, out=out, env=env, pausable=True,
-                      probe=os.environ["GPU_BENCH_PROBE"]) for i in range(2)]
+    servers = [Server(f"cross_{i}", 30350 + i, plain, out=out, env=env, pausable=True, probe=probe)
+               for i in range(2)]
     res: dict = {}
     try:
         for s in servers:

@@ -1019,21 +1019,25 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
             pause.set_recording(pids[s.name], True, s.pause_dir)
     rates = [{"a_records": r, "a": loads[a.name].rate(t0, t1), "b": loads[b.name].rate(t0, t1)}
              for r, t0, t1 in windows]
-    for j in range(0, len(rates) - 1, 2):
-        x, y = (rates[j], rates[j + 1]) if rates[j]["a_records"] else (rates[j + 1], rates[j])
-        log(f"cross pair {j // 2}: a {x['a']:.0f}/{y['a']:.0f} b {x['b']:.0f}/{y['b']:.0f} tok/s "
+    for i, (x, y) in enumerate(cross_pairs(rates)):
+        log(f"cross pair {i}: a {x['a']:.0f}/{y['a']:.0f} b {x['b']:.0f}/{y['b']:.0f} tok/s "
             f"-> {cross_ratios([x, y])[0]:.4f}")
     return {"servers": [a.name, b.name], "flip": flip, "settle_s": settle_s, "windows": rates, "cores_busy": cpu,
             "load": "steady, both servers",
             "requests": {n: len(l.done) for n, l in loads.items()}, "request_errors": {n: l.errors for n, l in loads.items()}}
 
 
+def cross_pairs(rates: list) -> list[tuple[dict, dict]]:
+    """Adjacent windows of :func:`ab_cross_windows` as (X, Y): X the one where a recorded."""
+    return [(rates[j], rates[j + 1]) if rates[j]["a_records"] else (rates[j + 1], rates[j])
+            for j in range(0, len(rates) - 1, 2)]
+
+
 def cross_ratios(rates: list) -> list[float]:
     """Recording/paused per pair of :func:`ab_cross_windows`' windows: the square root of
     ``(a_X / b_X) / (a_Y / b_Y)``."""
     out = []
-    for j in range(0, len(rates) - 1, 2):
-        x, y = (rates[j], rates[j + 1]) if rates[j]["a_records"] else (rates[j + 1], rates[j])
+    for x, y in cross_pairs(rates):
         if x["b"] and y["a"] and x["a"] and y["b"]:
             out.append(((x["a"] / x["b"]) / (y["a"] / y["b"])) ** 0.5)
     return out
@@ -1047,8 +1051,7 @@ def cross_judge(res: dict) -> dict:
     out: dict = {"cross": dict(analysis.bootstrap_ratio([1.0] * len(r), r), pairs=len(r)) if r else None}
     for side, records in (("a", True), ("b", False)):
         own = []
-        for j in range(0, len(rates) - 1, 2):
-            x, y = (rates[j], rates[j + 1]) if rates[j]["a_records"] else (rates[j + 1], rates[j])
+        for x, y in cross_pairs(rates):
             rec, paused = (x, y) if records else (y, x)
             if paused[side]:
                 own.append(rec[side] / paused[side])

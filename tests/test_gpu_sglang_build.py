@@ -598,3 +598,24 @@ def test_overhead_cross_refuses_a_kind_it_cannot_run_before_starting_anything(tm
     with pytest.raises(ValueError, match=match):
         device.suite_overhead_cross(tmp_path, tmp_path, 1, 1.0, export=export)
     assert not list(tmp_path.iterdir())
+
+
+def test_cross_us_per_step_divides_each_windows_thread_time_by_its_own_servers_steps():
+    """Server a runs 16,000 tok/s (1,000 steps/s at batch 16), b 8,000: a thread busy 100 % is
+    1,000 µs per step on a and 2,000 on b, and the medians are taken per window kind."""
+    import summarize
+
+    windows = [{"a_records": True, "a": 16000.0, "b": 8000.0}, {"a_records": False, "a": 16000.0, "b": 8000.0}]
+
+    def row(server, recording, cpu):
+        return {"server": server, "recording": recording,
+                "threads": {"main_cpu": cpu, "main_asleep": 0.01 if recording else 0.0, "others_cpu": 0.02}}
+
+    res = {"servers": ["cross_0", "cross_1"], "windows": windows,
+           "cores_busy": [row("cross_0", True, 1.0), row("cross_1", False, 0.9),
+                          row("cross_0", False, 0.9), row("cross_1", True, 1.0)]}
+    got = summarize.cross_us_per_step(res)
+    assert got["main_cpu_recording"] == pytest.approx((1000 + 2000) / 2)
+    assert got["main_cpu_paused"] == pytest.approx((1800 + 900) / 2)
+    assert got["main_asleep_recording"] == pytest.approx((10 + 20) / 2) and got["main_asleep_paused"] == 0
+    assert summarize.cross_us_per_step({"windows": [], "cores_busy": []}) == {}

@@ -111,7 +111,31 @@ def fold_overhead_cross(res: dict) -> dict:
     if cores:
         out["cores_busy_p50"] = _kind_medians(cores, ("scheduler", "exporter", "other"), lambda c, k: c[k])
         out["scheduler_threads_p50"] = _kind_medians(cores, THREAD_KEYS, lambda c, k: c["threads"][k])
+        per_step = cross_us_per_step(res)
+        if per_step:
+            out["scheduler_us_per_step_p50"] = per_step
     return out
+
+
+def cross_us_per_step(res: dict, batch: int = 16) -> dict:
+    """The scheduler process's threads in µs per decode step: each window's thread time per
+    second over its steps per second (tok/s / ``batch``, the load's steady batch), medians over
+    both servers' windows of each kind."""
+    names = res.get("servers") or []
+    rates = {}
+    for k, w in enumerate(res.get("windows") or []):
+        for side, name in zip(("a", "b"), names):
+            rates[(k, name)] = w[side] / batch
+    rows = []
+    seen: dict = {}
+    for c in res.get("cores_busy") or []:
+        k = seen[c["server"]] = seen.get(c["server"], -1) + 1  # the server's k-th window
+        steps = rates.get((k, c["server"]))
+        if steps:
+            t = c["threads"]
+            rows.append({"recording": c["recording"], "main_cpu": t["main_cpu"] / steps * 1e6,
+                         "main_asleep": t["main_asleep"] / steps * 1e6, "others_cpu": t["others_cpu"] / steps * 1e6})
+    return _kind_medians(rows, ("main_cpu", "main_asleep", "others_cpu"), lambda c, k: c[k]) if rows else {}
 
 
 def _kind_medians(cores_busy: list, keys: tuple, value) -> dict:

@@ -60,57 +60,32 @@ MODULE = "export_cpu_workload"
 # -- the measured process -----------------------------------------------------------------------
 
 def _workload(step_s: float, busy_s: float = 0.0):
-    """Scheduler-shaped classes in a module of their own (the probe wraps them by name).
+    """The scheduler-shaped module (:mod:`sched_shape`) whose forward blocks like a GPU wait.
     ``busy_s``: Python work per step before the GPU wait, holding the GIL (a launch-bound
     scheduler thread, which wants the GIL nearly all the time)."""
-    import types
+    from sched_shape import install
+    from tests.workload import Batch, ForwardMode
 
-    from tests.workload import Batch, ForwardMode, Result
-
-    mod = types.ModuleType(MODULE)
     sleep = time.sleep
     perf = time.perf_counter
     late: list = []
 
-    class GraphRunner:
-        def replay(self):
-            return None
+    def forward() -> None:
+        if busy_s:
+            until = perf() + busy_s
+            while perf() < until:
+                pass
+        t0 = perf()
+        sleep(step_s)  # the GPU wait: the GIL is released, as in SGLang's synchronize
+        late.append(perf() - t0 - step_s)
 
-    class Worker:
-        def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False):
-            if busy_s:
-                until = perf() + busy_s
-                while perf() < until:
-                    pass
-            t0 = perf()
-            sleep(step_s)  # the GPU wait: the GIL is released, as in SGLang's synchronize
-            late.append(perf() - t0 - step_s)
-            GraphRunner().replay()
-            return Result(True)
-
-    class Scheduler:
-        def __init__(self, server_args=None, tp_rank: int = 0, pp_rank: int = 0, dp_rank=None) -> None:
-            self.worker = Worker()
-
-        def run_batch(self, batch):
-            return self.worker.forward_batch_generation(batch)
-
-    for cls in (GraphRunner, Worker, Scheduler):
-        cls.__module__ = MODULE
-        setattr(mod, cls.__name__, cls)
-    sys.modules[MODULE] = mod
-    return Scheduler, Batch(ForwardMode.DECODE, 8), late
+    return install(MODULE, forward), Batch(ForwardMode.DECODE, 8), late
 
 
 def _table():
-    from sgl_probe.targets import Target
+    from sched_shape import table
 
-    return (
-        Target("step", ("step",), MODULE, "Scheduler.run_batch", "step"),
-        Target("identity", ("identity",), MODULE, "Scheduler.__init__", "identity"),
-        Target("phase", ("decode", "extend"), MODULE, "Worker.forward_batch_generation", "forward"),
-        Target("graph", ("graph",), MODULE, "GraphRunner.replay", "graph"),
-    )
+    return table(MODULE)
 
 
 def _proc_cpu_s(pid: int, path: str = "") -> float:

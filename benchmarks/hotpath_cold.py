@@ -30,62 +30,23 @@ import random
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+from sched_shape import ROLES  # noqa: E402
 
 MODULE = "hotpath_cold_workload"
 
 
 def _workload():
-    """Scheduler-shaped classes in a module of their own (the probe wraps them by name): a decode
-    step whose forward "replays a graph" and returns SGLang's result shape, with no work of its
-    own, so the timed call is the probe's wrappers and the bare calls under them."""
-    from tests.workload import Batch, ForwardMode, Result
+    """The scheduler-shaped module (:mod:`sched_shape`) with no work of its own in the forward, so
+    the timed call is the probe's wrappers and the bare calls under them."""
+    from sched_shape import install
+    from tests.workload import Batch, ForwardMode
 
-    mod = types.ModuleType(MODULE)
-
-    class GraphRunner:
-        def replay(self):
-            return None
-
-    class Worker:
-        def __init__(self) -> None:
-            self.runner = GraphRunner()
-
-        def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False):
-            self.runner.replay()
-            return Result(True)
-
-    class Scheduler:
-        def __init__(self, server_args=None, tp_rank: int = 0, pp_rank: int = 0, dp_rank=None) -> None:
-            self.worker = Worker()
-
-        def run_batch(self, batch):
-            return self.worker.forward_batch_generation(batch)
-
-    for cls in (GraphRunner, Worker, Scheduler):
-        cls.__module__ = MODULE
-        setattr(mod, cls.__name__, cls)
-    sys.modules[MODULE] = mod
-    return Scheduler, Batch(ForwardMode.DECODE, 16)
-
-
-ROLES = ("step", "phase", "graph")
-
-
-def _table(roles: tuple = ROLES):
-    from sgl_probe.targets import Target
-
-    table = (
-        Target("step", ("step",), MODULE, "Scheduler.run_batch", "step"),
-        Target("identity", ("identity",), MODULE, "Scheduler.__init__", "identity"),
-        Target("phase", ("decode", "extend"), MODULE, "Worker.forward_batch_generation", "forward"),
-        Target("graph", ("graph",), MODULE, "GraphRunner.replay", "graph"),
-    )
-    return tuple(t for t in table if t.role in roles or t.role == "identity")
+    return install(MODULE, lambda: None), Batch(ForwardMode.DECODE, 16)
 
 
 class _Obj:
@@ -123,11 +84,13 @@ def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES) -> dict:
                        "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
     for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         os.environ.pop(key, None)
+    from sched_shape import table
+
     from sgl_probe import config
     from sgl_probe.activate import Probe
 
     Scheduler, batch = _workload()
-    probe = Probe(config.load(), targets=_table(roles))
+    probe = Probe(config.load(), targets=table(MODULE, roles))
     probe.instrumentor.instrument()
     sched = Scheduler()
     step_hooks = [h for h in probe.instrumentor.hooks if h.target.role == "step"]

@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
+from gpu_common import bootstrap_median_ci  # noqa: E402
 from sched_shape import ROLES  # noqa: E402
 
 MODULE = "hotpath_cold_workload"
@@ -69,12 +70,6 @@ def _evictor(kb: int):
         return t
 
     return walk
-
-
-def _bootstrap(vals: list[float], n: int = 4000) -> list[float]:
-    rng = random.Random(1)
-    meds = sorted(statistics.median(rng.choices(vals, k=len(vals))) for _ in range(n))
-    return [meds[int(0.025 * n)], meds[int(0.975 * n) - 1]]
 
 
 def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES) -> dict:
@@ -126,9 +121,10 @@ def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES) -> dict:
     for cold in (True, False):
         name = "cold" if cold else "warm"
         cost = [a - b for a, b in zip(got[(True, cold)], got[(False, cold)])]
+        med, lo, hi = bootstrap_median_ci(cost)
         out[name] = {"recording_us": statistics.median(got[(True, cold)]),
                      "paused_us": statistics.median(got[(False, cold)]),
-                     "probe_us": statistics.median(cost), "probe_us_ci95": _bootstrap(cost)}
+                     "probe_us": med, "probe_us_ci95": [lo, hi]}
     out["probe_cold_over_warm"] = out["cold"]["probe_us"] / out["warm"]["probe_us"] if out["warm"]["probe_us"] > 0 else None
     return out
 

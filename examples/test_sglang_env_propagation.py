@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from sgl_probe.testing import assert_env_propagated
+from sgl_probe.testing import assert_env_propagated, free_port
 
 EXPECTED = {"NCCL_PROTO": "LL"}  # what the launcher sets; every scheduler must see it at NCCL init
 TP = int(os.environ.get("TP_SIZE", "2"))
@@ -81,20 +79,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-
-
-def free_port() -> int:
-    """A free port below Linux's ephemeral range (32768 and up), from which the server's own
-    outgoing connections (NCCL, gloo, ZMQ) take theirs: one of them can otherwise take this port
-    in the seconds before the server binds it."""
-    for port in random.Random().sample(range(20000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-31999")
 
 
 @pytest.fixture(scope="module")

@@ -706,3 +706,14 @@ def test_example_against_real_sglang_fails_naming_the_rank_spawned_without_it(sg
     expect_one_rank_failure(out, report)
     # The other test of the file (phase spans from both ranks) still passed against that server.
     assert re.search(r"phase spans; extend/decode per rank: \{0: \d+, 1: \d+\}", out.stdout), out.stdout[-3000:]
+
+
+def test_free_port_is_below_the_ephemeral_range_and_free():
+    import socket
+
+    from sgl_probe.testing import free_port
+
+    port = free_port()
+    assert 20000 <= port < 32000
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free a moment ago: nothing else here took it

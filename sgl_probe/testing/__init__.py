@@ -10,6 +10,7 @@ Public names (imported lazily, so the pytest plugin costs nothing until it is us
 - ``EnvSnapshot``, ``EnvSnapshots``, ``env_snapshots``, ``phase_spans``, ``nccl_confirmations``
   (the same queries on any list of received spans), ``ServerExited``.
 - ``OTLPReceiver``, ``ReceivedSpan``, ``ReceivedMetric`` (:mod:`sgl_probe.testing.receiver`).
+- ``free_port()``: a port for the server a test launches.
 
 The pytest plugin itself is :mod:`sgl_probe.testing.plugin` (entry point ``pytest11: sgl_probe``).
 """
@@ -34,6 +35,7 @@ _EXPORTS = {
     "OTLPReceiver": "receiver",
     "ReceivedMetric": "receiver",
     "ReceivedSpan": "receiver",
+    "free_port": "ports",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,24 +18,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from sgl_probe.testing.ports import free_port  # noqa: F401 (the harness's servers and their users take it from here)
+
 from .venv import HARNESS_DIR, venv_python
 
 # An empty ProxyHandler: an http_proxy in the environment must never see
 # requests to the local server.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    # Racy by nature (the port is released before sglang binds it); below Linux's ephemeral range
-    # (32768 and up) the server's own outgoing connections (gloo, ZMQ) cannot take it meanwhile.
-    for port in random.Random().sample(range(20000, 32000), 200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-31999")
 
 
 def cpu_bind_spec(tp: int, cpus: Sequence[int] | None = None) -> str:

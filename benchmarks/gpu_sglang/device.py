@@ -747,6 +747,23 @@ def window_tokens(done: list, t0: float, t1: float) -> float:
     return total
 
 
+def measure_window(meters: list, window_s: float) -> tuple[float, float, list[dict]]:
+    """One window of ``window_s``: its start and end (``perf_counter``), and per meter
+    ``(cpu_s, main_pid)`` the cores each role kept busy (``cpu_s()``: CPU seconds by role so far;
+    the exporter's share says whether its CPU can be what the recording windows lose) and what the
+    scheduler process's threads did (asleep more while recording means waiting on the probe's
+    threads for the GIL)."""
+    c0 = [cpu_s() for cpu_s, _ in meters]
+    th0 = [pause.thread_times(pid) for _, pid in meters]
+    t0 = time.perf_counter()
+    time.sleep(window_s)
+    c1 = [cpu_s() for cpu_s, _ in meters]
+    th1 = [pause.thread_times(pid) for _, pid in meters]
+    t1 = time.perf_counter()
+    return t0, t1, [{**{k: (b[k] - a[k]) / (t1 - t0) for k in b}, "threads": pause.thread_use(x, y, pid, t1 - t0)}
+                    for a, b, x, y, (_, pid) in zip(c0, c1, th0, th1, meters)]
+
+
 def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float, pin: bool = False,
                hog: Optional[subprocess.Popen] = None) -> dict:
     """One server, the probe recording and paused in alternating windows (ABBA), each window
@@ -782,15 +799,9 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
                 if hog is not None:
                     os.kill(hog.pid, signal.SIGCONT if recording else signal.SIGSTOP)
                 time.sleep(0.2)  # requests in flight finish their step under the new state
-                c0, th0, t0 = cpu_s(), pause.thread_times(pids[0]), time.perf_counter()
-                time.sleep(window_s)
-                c1, th1, t1 = cpu_s(), pause.thread_times(pids[0]), time.perf_counter()
+                t0, t1, (use,) = measure_window([(cpu_s, pids[0])], window_s)
                 spans.append((recording, t0, t1))
-                # Cores each role kept busy during the window (the exporter's share says whether
-                # its CPU can be what the recording windows lose), and the scheduler thread's own
-                # time: asleep more while recording means waiting on the probe's threads (GIL).
-                cpu.append({"recording": recording, **{k: (c1[k] - c0[k]) / (t1 - t0) for k in c1},
-                            "threads": pause.thread_use(th0, th1, pids[0], t1 - t0)})
+                cpu.append({"recording": recording, **use})
     finally:
         if hog is not None:
             os.kill(hog.pid, signal.SIGSTOP)
@@ -989,6 +1000,7 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
     pids = {s.name: pause.scheduler_pids(s.proc.pid) for s in (a, b)}
     if not all(pids.values()):
         return {"error": "no sglang::scheduler process"}
+    meters = [(lambda s=s: pause.group_cpu_s(s.proc.pid), pids[s.name][0]) for s in (a, b)]
     loads = {s.name: SteadyLoad(s, conc, tokens).start() for s in (a, b)}
     time.sleep(3.0)  # warm-up, both loads running
     windows: list = []  # (a records?, t0, t1)
@@ -1001,18 +1013,10 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
                 pause.set_recording(pids[a.name], a_records and flip, a.pause_dir)
                 pause.set_recording(pids[b.name], not a_records and flip, b.pause_dir)
                 time.sleep(settle_s)
-                c0 = {n: pause.group_cpu_s(s.proc.pid) for n, s in ((a.name, a), (b.name, b))}
-                th0 = {n: pause.thread_times(p[0]) for n, p in pids.items()}
-                t0 = time.perf_counter()
-                time.sleep(window_s)
-                t1 = time.perf_counter()
-                c1 = {n: pause.group_cpu_s(s.proc.pid) for n, s in ((a.name, a), (b.name, b))}
-                th1 = {n: pause.thread_times(p[0]) for n, p in pids.items()}
+                t0, t1, uses = measure_window(meters, window_s)
                 windows.append((a_records, t0, t1))
-                for n, p in pids.items():
-                    cpu.append({"server": n, "recording": flip and a_records == (n == a.name),
-                                **{k: (c1[n][k] - c0[n][k]) / (t1 - t0) for k in c1[n]},
-                                "threads": pause.thread_use(th0[n], th1[n], p[0], t1 - t0)})
+                for s, use in zip((a, b), uses):
+                    cpu.append({"server": s.name, "recording": flip and a_records == (s is a), **use})
     finally:
         for s in (a, b):
             loads[s.name].stop()
@@ -1069,7 +1073,7 @@ def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, co
     a request starts every ~8 steps and the batch's size and mix keep changing, which moves a 3 s
     window's rate by ~6 % on its own, differently on each server (r31); longer requests keep
     the batch steady."""
-    kinds = ("probe", "otlp", "none", "cputimer", "ref")
+    kinds = tuple(k for k in AB_EXPORTS if k != "hog")  # the kinds with a probe
     if export not in kinds:
         raise ValueError(f"overhead_cross: --ab-exports {export!r} is not one of {kinds}")
     probe = os.environ.get("GPU_BENCH_PROBE_REF" if export == "ref" else "GPU_BENCH_PROBE", "")

@@ -151,6 +151,10 @@ THREAD_KEYS = ("main_cpu", "main_runq", "main_asleep", "main_vcsw_per_s", "main_
                "others_cpu", "busiest_other_cpu")
 
 
+#: Suites whose result files keep each call apart by its tag (``gpu_sglang_<tag><suffix>.json``).
+_TAGGED = ("_overhead_cross", "_overhead_ab")
+
+
 def summarize(run: str, dirs: list[str]) -> dict:
     suites: dict = {}
     machine = ""
@@ -161,12 +165,10 @@ def summarize(run: str, dirs: list[str]) -> dict:
                 suites.update({k: v for k, v in data.items() if k in ("correct", "overhead")})
             elif Path(path).stem.endswith("_seed_overhead"):
                 suites.setdefault("seed_overheads", []).append(data)
-            elif Path(path).stem.endswith("_overhead_cross"):
-                tag = Path(path).stem[len("gpu_sglang_"):-len("_overhead_cross")]
-                suites.setdefault("overhead_crosses", []).append((tag, data))
-            elif Path(path).stem.endswith("_overhead_ab"):
-                tag = Path(path).stem[len("gpu_sglang_"):-len("_overhead_ab")]
-                suites.setdefault("overhead_abs", []).append((tag, data))
+            elif Path(path).stem.endswith(_TAGGED):  # one entry per call, by its tag
+                suite = next(x for x in _TAGGED if Path(path).stem.endswith(x))
+                tag = Path(path).stem[len("gpu_sglang_"):-len(suite)]
+                suites.setdefault(suite, []).append((tag, data))
             else:
                 suites[Path(path).stem.rsplit("_", 1)[1]] = data
         m = Path(d, "machine.txt")
@@ -225,12 +227,12 @@ def summarize(run: str, dirs: list[str]) -> dict:
             for bs, r in v.items() if bs.startswith("bs")}
         out["overhead_seed32b"]["received_spans"] = _probe_names(v.get("received_spans"))
         out["overhead_seed32b"]["decode_spans_in_trace_dirs"] = v.get("decode_spans_in_trace_dirs")
-    abs_ = suites.get("overhead_abs") or []
+    abs_ = suites.get("_overhead_ab") or []
     if len(abs_) == 1:
         out["overhead_in_server"] = fold_overhead_ab(abs_[0][1])
     elif abs_:  # several calls (e.g. the tiny model and the 32B-class one): one entry per tag
         out["overhead_in_server"] = {tag: fold_overhead_ab(ab) for tag, ab in abs_}
-    crosses = suites.get("overhead_crosses") or []
+    crosses = suites.get("_overhead_cross") or []
     if crosses:
         out["overhead_cross"] = {tag: fold_overhead_cross(res) for tag, res in crosses}
     return out

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 from gpu_common import bootstrap_median_ci  # noqa: E402
-from sched_shape import ROLES  # noqa: E402
+from sched_shape import ROLES, install, table  # noqa: E402
 
 MODULE = "hotpath_cold_workload"
 
@@ -44,7 +44,6 @@ MODULE = "hotpath_cold_workload"
 def _workload():
     """The scheduler-shaped module (:mod:`sched_shape`) with no work of its own in the forward, so
     the timed call is the probe's wrappers and the bare calls under them."""
-    from sched_shape import install
     from tests.workload import Batch, ForwardMode
 
     return install(MODULE, lambda: None), Batch(ForwardMode.DECODE, 16)
@@ -79,8 +78,6 @@ def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES) -> dict:
                        "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
     for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         os.environ.pop(key, None)
-    from sched_shape import table
-
     from sgl_probe import config
     from sgl_probe.activate import Probe
 

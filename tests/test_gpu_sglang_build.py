@@ -596,7 +596,7 @@ def test_overhead_cross_refuses_a_kind_it_cannot_run_before_starting_anything(tm
     for k, v in env.items():
         monkeypatch.setenv(k, str(tmp_path / v))
     with pytest.raises(ValueError, match=match):
-        device.suite_overhead_cross(tmp_path, tmp_path, 1, 1.0, export=export)
+        device.suite_overhead_cross(tmp_path, tmp_path, 1, 1.0, exports=(export,))
     assert not list(tmp_path.iterdir())
 
 
@@ -619,3 +619,25 @@ def test_cross_us_per_step_divides_each_windows_thread_time_by_its_own_servers_s
     assert got["main_cpu_paused"] == pytest.approx((1800 + 900) / 2)
     assert got["main_asleep_recording"] == pytest.approx((10 + 20) / 2) and got["main_asleep_paused"] == 0
     assert summarize.cross_us_per_step({"windows": [], "cores_busy": []}) == {}
+
+
+def test_cross_us_per_step_charges_the_collections_between_two_flips_to_the_first_windows_state():
+    """cross_0's flips at t 0, 10, 20: 10 s recording with 0.5 s of collections (2 full), then
+    10 s paused with 0.1 s (none). At 1,000 steps/s that is 50 and 10 µs per step."""
+    import summarize
+
+    windows = [{"a_records": r, "a": 16000.0, "b": 16000.0} for r in (True, False, True)]
+
+    def row(recording, t, seconds, full):
+        return {"server": "cross_0", "recording": recording,
+                "threads": {"main_cpu": 1.0, "main_asleep": 0.0, "others_cpu": 0.0},
+                "gc_at_flip": {"t": t, "seconds": [seconds, 0.0, 0.0], "count": [0, 0, full]}}
+
+    res = {"servers": ["cross_0", "cross_1"], "windows": windows,
+           "cores_busy": [row(True, 0.0, 1.0, 3), row(False, 10.0, 1.5, 5), row(True, 20.0, 1.6, 5)]}
+    got = summarize.cross_us_per_step(res)
+    assert got["gc_recording"] == pytest.approx(50) and got["gc_paused"] == pytest.approx(10)
+    assert got["gc_full_per_1000_steps_recording"] == pytest.approx(0.2)
+    assert got["gc_full_per_1000_steps_paused"] == 0
+    res["cores_busy"][1]["gc_at_flip"] = None  # a flip that reported nothing: no interval either side
+    assert "gc_recording" not in summarize.cross_us_per_step(res)

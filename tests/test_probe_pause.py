@@ -3,6 +3,7 @@ hooks, the state is reported, and the controller finds SGLang's scheduler proces
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import signal
@@ -35,6 +36,7 @@ def shim(monkeypatch, tmp_path):
     monkeypatch.setenv("SGL_BENCH_PAUSE_DIR", str(tmp_path))
     yield mod
     signal.signal(signal.SIGUSR2, before)
+    gc.callbacks.remove(mod._on_gc)
 
 
 def test_flip_toggles_only_the_step_hooks_and_reports_the_state(shim, monkeypatch, tmp_path):
@@ -47,6 +49,20 @@ def test_flip_toggles_only_the_step_hooks_and_reports_the_state(shim, monkeypatc
     assert step.enabled is False and phase.enabled is True and state.read_text() == "paused"
     shim._flip(signal.SIGUSR2, None)
     assert step.enabled is True and state.read_text() == "recording"
+
+
+def test_each_flip_reports_the_garbage_collections_so_far(shim, monkeypatch, tmp_path):
+    control = _load("control")
+    monkeypatch.setattr(activate, "_PROBE", None)
+    assert control.gc_stats(tmp_path, os.getpid()) is None
+    shim._flip(signal.SIGUSR2, None)
+    first = control.gc_stats(tmp_path, os.getpid())
+    gc.collect()
+    gc.collect(0)
+    shim._flip(signal.SIGUSR2, None)
+    second = control.gc_stats(tmp_path, os.getpid())
+    assert second["count"][2] >= first["count"][2] + 1 and second["count"][0] >= first["count"][0] + 1
+    assert sum(second["seconds"]) > sum(first["seconds"]) and second["t"] >= first["t"]
 
 
 def test_flip_without_a_probe_reports_it_and_never_raises(shim, monkeypatch, tmp_path):

@@ -883,8 +883,9 @@ def ab_judge(windows: dict) -> dict:
 #: OTLP only, nothing (the summary line only; CUDA events and the drain as usual). An empty
 #: SGL_PROBE_TRACE_DIR means none. ``cputimer``: OTLP and trace dir with SGL_PROBE_TIMER=cpu, i.e.
 #: no CUDA event at all; with ``none`` it splits what recording costs between the GPU events and
-#: the export.
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog")
+#: the export. ``drop``: the queue to the drain holds one step, so nearly every step is recorded
+#: (CUDA events included) and dropped at once: the hot path alone, nothing resolved or exported.
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop")
 
 
 def ab_env(kind: str, endpoint: str) -> dict:
@@ -893,7 +894,8 @@ def ab_env(kind: str, endpoint: str) -> dict:
     return {"probe": otlp, "otlp": {**otlp, "SGL_PROBE_TRACE_DIR": "", "OTEL_SERVICE_NAME": "sglang-otlp-only"},
             "none": {"SGL_PROBE_TRACE_DIR": ""},
             "cputimer": {**otlp, "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
-            "ref": {**otlp, "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {}}[kind]
+            "ref": {**otlp, "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {},
+            "drop": {**otlp, "SGL_PROBE_MAX_PENDING": "1", "OTEL_SERVICE_NAME": "sglang-drop"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,
@@ -1012,11 +1014,12 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
             for a_records in ((True, False) if i % 2 == 0 else (False, True)):
                 pause.set_recording(pids[a.name], a_records and flip, a.pause_dir)
                 pause.set_recording(pids[b.name], not a_records and flip, b.pause_dir)
+                gcs = [pause.gc_stats(s.pause_dir, pids[s.name][0]) for s in (a, b)]
                 time.sleep(settle_s)
                 t0, t1, uses = measure_window(meters, window_s)
                 windows.append((a_records, t0, t1))
-                for s, use in zip((a, b), uses):
-                    cpu.append({"server": s.name, "recording": flip and a_records == (s is a), **use})
+                for s, use, g in zip((a, b), uses, gcs):
+                    cpu.append({"server": s.name, "recording": flip and a_records == (s is a), **use, "gc_at_flip": g})
     finally:
         for s in (a, b):
             loads[s.name].stop()
@@ -1064,49 +1067,65 @@ def cross_judge(res: dict) -> dict:
 
 
 def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, conc: int = 16,
-                         control_pairs: int = 0, export: str = "probe", tokens: int = 128) -> dict:
-    """The tiny Llama, two probe servers (this wheel, OTLP/gRPC and a trace dir, every step;
-    ``export``: another of :data:`AB_EXPORTS` with a probe, e.g. ``none``, nothing exported,
-    the CUDA events and the drain as usual) measured at once by :func:`ab_cross_windows` (both
-    on the server CPUs, where the OS puts them), then
-    ``control_pairs`` pairs of its control (neither records). ``tokens`` per request: with 128,
-    a request starts every ~8 steps and the batch's size and mix keep changing, which moves a 3 s
-    window's rate by ~6 % on its own, differently on each server (r31); longer requests keep
-    the batch steady."""
+                         control_pairs: int = 0, exports: tuple = ("probe",), tokens: int = 128) -> dict:
+    """The tiny Llama, two probe servers per entry of ``exports`` (of :data:`AB_EXPORTS` with a
+    probe: ``probe``, this wheel exporting every step over OTLP/gRPC and to a trace dir; ``none``,
+    nothing exported, the CUDA events and the drain as usual; ...), all started at once, then
+    each kind's two measured by :func:`ab_cross_windows` while every other server is stopped
+    (SIGSTOP), followed by ``control_pairs`` pairs of its control (neither records). Returns
+    ``{kind: result}``. ``tokens`` per request: with 128, a request starts every ~8 steps and the
+    batch's size and mix keep changing, which moves a 3 s window's rate by ~6 % on its own,
+    differently on each server (r31); longer requests keep the batch steady."""
     kinds = tuple(k for k in AB_EXPORTS if k != "hog")  # the kinds with a probe
-    if export not in kinds:
-        raise ValueError(f"overhead_cross: --ab-exports {export!r} is not one of {kinds}")
-    probe = os.environ.get("GPU_BENCH_PROBE_REF" if export == "ref" else "GPU_BENCH_PROBE", "")
-    if not probe or not Path(probe).is_dir():
-        raise ValueError(f"overhead_cross: no probe wheel installed for {export!r} (build.py, --ref REV for ref)")
+    for export in exports:
+        if export not in kinds:
+            raise ValueError(f"overhead_cross: --ab-exports {export!r} is not one of {kinds}")
+        probe = os.environ.get("GPU_BENCH_PROBE_REF" if export == "ref" else "GPU_BENCH_PROBE", "")
+        if not probe or not Path(probe).is_dir():
+            raise ValueError(f"overhead_cross: no probe wheel installed for {export!r} (build.py, --ref REV for ref)")
     received = str(out / "received_cross.jsonl")
     rec, endpoint = receiver(received)
-    env = ab_env(export, endpoint)
     plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
-    servers = [Server(f"cross_{i}", 30350 + i, plain, out=out, env=env, pausable=True, probe=probe)
-               for i in range(2)]
-    res: dict = {}
+    pairs_of = {export: [Server(f"cross_{i}" if len(exports) == 1 else f"cross_{export}_{i}", 30350 + 2 * k + i,
+                                plain, out=out, env=ab_env(export, endpoint), pausable=True,
+                                probe=os.environ["GPU_BENCH_PROBE_REF" if export == "ref" else "GPU_BENCH_PROBE"])
+                         for i in range(2)]
+                for k, export in enumerate(exports)}
+    servers = [s for pair in pairs_of.values() for s in pair]
+    results: dict = {export: {} for export in exports}
     try:
         for s in servers:
             s.start()
-        if all(s.wait_ready(360) for s in servers):
+        ok = {s.name: s.wait_ready(420) for s in servers}
+        for s in servers:
+            s.pause()
+        for export, (a, b) in pairs_of.items():
+            if not (ok[a.name] and ok[b.name]):
+                results[export] = {"error": "a server did not come up"}
+                continue
+            if late():
+                break
+            a.resume()
+            b.resume()
             time.sleep(1.0)
-            res = ab_cross_windows(servers[0], servers[1], pairs, conc, tokens, window_s)
+            res = results[export] = ab_cross_windows(a, b, pairs, conc, tokens, window_s)
             if control_pairs:
-                res["control"] = ab_cross_windows(servers[0], servers[1], control_pairs, conc, tokens, window_s,
-                                                  flip=False)
-        else:
-            res = {"error": "a server did not come up"}
+                res["control"] = ab_cross_windows(a, b, control_pairs, conc, tokens, window_s, flip=False)
+            a.pause()
+            b.pause()
     finally:
         concurrent(lambda s: s.stop(), servers)
         rec.stdin.close()
         rec.wait(30)
-    res["export"], res["tokens"] = export, tokens
-    res["verdict"] = cross_judge(res)
-    if "control" in res:
-        res["verdict"]["control"] = cross_judge(res["control"])
-    count_exported(res["verdict"], servers, received)
-    return res
+    got = _received_names(received)  # one receiver for all kinds; each has its own service name
+    for export, res in results.items():
+        res["export"], res["tokens"] = export, tokens
+        res["verdict"] = cross_judge(res)
+        if "control" in res:
+            res["verdict"]["control"] = cross_judge(res["control"])
+        res["verdict"]["decode_spans_in_trace_dirs"] = {s.name: decode_spans(s) for s in pairs_of[export]}
+        res["verdict"]["received_spans"] = got
+    return results
 
 
 def suite_seed_overhead(carry: Path, out: Path, pairs: int, first: int = 0, obs: bool = False) -> dict:
@@ -1275,8 +1294,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                                         tuple(args.ab_exports.split(",")), args.ab_model, args.ab_conc,
                                         args.pin_scheduler, not args.no_aa, args.ab_reverse, args.hog_cores)
             elif suite == "overhead_cross":
-                res = suite_overhead_cross(args.carry, args.out, args.pairs, args.window_s, args.ab_conc,
-                                           args.control_pairs, args.ab_exports, args.tokens)
+                by_kind = suite_overhead_cross(args.carry, args.out, args.pairs, args.window_s, args.ab_conc,
+                                               args.control_pairs, tuple(args.ab_exports.split(",")), args.tokens)
+                # One file per kind, each tagged with it when there are several.
+                for kind, res in list(by_kind.items())[:-1]:
+                    res["wall_s"] = round(time.time() - t, 1)
+                    (args.out / f"gpu_sglang_{args.tag}_{kind}_{suite}.json").write_text(json.dumps(res, indent=1, default=str))
+                kind, res = list(by_kind.items())[-1]
+                if len(by_kind) > 1:
+                    path = args.out / f"gpu_sglang_{args.tag}_{kind}_{suite}.json"
             elif suite == "seed_overhead":
                 res = suite_seed_overhead(args.carry, args.out, args.launches, args.first_pair, args.sglang_obs)
             elif suite == "overhead":

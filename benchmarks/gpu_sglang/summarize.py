@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,14 +129,36 @@ def cross_us_per_step(res: dict, batch: int = 16) -> dict:
             rates[(k, name)] = w[side] / batch
     rows = []
     seen: dict = {}
+    by_server: dict = {}
     for c in res.get("cores_busy") or []:
         k = seen[c["server"]] = seen.get(c["server"], -1) + 1  # the server's k-th window
+        by_server.setdefault(c["server"], []).append(c)
         steps = rates.get((k, c["server"]))
         if steps:
             t = c["threads"]
             rows.append({"recording": c["recording"], "main_cpu": t["main_cpu"] / steps * 1e6,
                          "main_asleep": t["main_asleep"] / steps * 1e6, "others_cpu": t["others_cpu"] / steps * 1e6})
-    return _kind_medians(rows, ("main_cpu", "main_asleep", "others_cpu"), lambda c, k: c[k]) if rows else {}
+    out = _kind_medians(rows, ("main_cpu", "main_asleep", "others_cpu"), lambda c, k: c[k]) if rows else {}
+    gc_rows = []
+    for name, cs in by_server.items():
+        for k, (c, nxt) in enumerate(zip(cs, cs[1:])):
+            gc = _gc_per_step(c.get("gc_at_flip"), nxt.get("gc_at_flip"), rates.get((k, name)))
+            if gc:
+                gc_rows.append({"recording": c["recording"], **gc})
+    if gc_rows:
+        out.update(_kind_medians(gc_rows, ("gc", "gc_full_per_1000_steps"), lambda c, k: c[k]))
+    return out
+
+
+def _gc_per_step(g0: Optional[dict], g1: Optional[dict], steps_per_s: Optional[float]) -> Optional[dict]:
+    """Garbage collection between two flips (probe_pause's ``<pid>.gc``), which is one window's
+    state with the settle before it: µs per step, and full collections per 1,000 steps."""
+    if not (g0 and g1 and steps_per_s) or g1["t"] <= g0["t"]:
+        return None
+    dt = g1["t"] - g0["t"]
+    seconds = sum(g1["seconds"]) - sum(g0["seconds"])
+    return {"gc": seconds / dt / steps_per_s * 1e6,
+            "gc_full_per_1000_steps": (g1["count"][2] - g0["count"][2]) / dt / steps_per_s * 1e3}
 
 
 def _kind_medians(cores_busy: list, keys: tuple, value) -> dict:

@@ -3,6 +3,7 @@ scheduler processes and pause or resume the probe's recording in them."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -162,6 +163,15 @@ def state(folder: Path, pid: int) -> str | None:
     try:
         return (folder / str(pid)).read_text()
     except OSError:
+        return None
+
+
+def gc_stats(folder: Path, pid: int) -> dict | None:
+    """The process's garbage collections at its latest flip (``sitecustomize``): ``count`` and
+    ``seconds`` per generation and the wall time ``t``; None before the first flip."""
+    try:
+        return json.loads((folder / f"{pid}.gc").read_text())
+    except (OSError, ValueError):
         return None
 
 

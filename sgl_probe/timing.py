@@ -31,11 +31,14 @@ refreshed every 100 ms, when the stream is found idle: the two clocks drifted ap
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Any, Optional, Tuple
 
 from sgl_probe.contract import START_VALUES
+
+log = logging.getLogger("sgl_probe")
 
 GPU_EVENT, HOST_CLOCK = START_VALUES
 perf_counter_ns = time.perf_counter_ns
@@ -80,8 +83,8 @@ class CpuTimer:
         return None
 
 
-def _cudart_exchange_capture_mode():
-    """``cudaThreadExchangeStreamCaptureMode`` of the CUDA runtime torch already loaded, or None."""
+def _cudart() -> Any:
+    """The CUDA runtime torch already loaded (a ``ctypes.CDLL``), or None."""
     import ctypes
 
     path = None
@@ -93,12 +96,42 @@ def _cudart_exchange_capture_mode():
                     break
     except OSError:
         return None
-    if path is None:
-        return None
-    fn = ctypes.CDLL(path).cudaThreadExchangeStreamCaptureMode
+    return None if path is None else ctypes.CDLL(path)
+
+
+def _exchange_capture_mode(cudart: Any) -> Any:
+    """The runtime's ``cudaThreadExchangeStreamCaptureMode``."""
+    import ctypes
+
+    fn = cudart.cudaThreadExchangeStreamCaptureMode
     fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
     fn.restype = ctypes.c_int
     return fn
+
+
+def runtime_elapsed(cudart: Any, refused: Any) -> Any:
+    """``(start_event, end_event) -> ms`` through the runtime's ``cudaEventElapsedTime`` on the two
+    torch events' handles; where the runtime refuses, ``refused(start_event, end_event, error)``
+    answers instead.
+
+    Why not ``Event.elapsed_time``: torch asks both events ``cudaEventQuery`` and sets the device
+    around the call, four more runtime calls per interval, made by the drain thread while it holds
+    the GIL. The drain only resolves steps whose ends it has seen complete (``ready_prefix``), so
+    those queries only repeat what is known; on the real tiny server the CUDA timer's drain took
+    ~13 µs more CPU per step than the CPU timer's (BENCHMARKS.md, run h200-13)."""
+    import ctypes
+
+    fn = cudart.cudaEventElapsedTime
+    fn.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    c_float, byref = ctypes.c_float, ctypes.byref
+
+    def elapsed(start: Any, end: Any) -> float:
+        ms = c_float()
+        error = fn(byref(ms), start.cuda_event, end.cuda_event)
+        return refused(start, end, error) if error else ms.value
+
+    return elapsed
 
 
 class CudaTimer:
@@ -166,6 +199,8 @@ class CudaTimer:
         self._anchors: dict = {}  # device index -> (event, perf_counter_ns), one per device
         self._prepared = threading.local()
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
+        self.runtime_elapsed = True  # benchmarks switch it off to measure what it saves
+        self._elapsed_checks = self._ELAPSED_CHECKS
         self.fast_stream = False
         if self._stream_key is not None:
             try:
@@ -268,19 +303,24 @@ class CudaTimer:
         thread (a test or benchmark calling ``drain()``) is switched only around each query."""
         state = self._prepared
         state.exchange = None
+        state.elapsed = None
         state.done = True
         if not self.relax_capture_mode:
             return
         try:
-            exchange = _cudart_exchange_capture_mode()
-            if exchange is None:
+            cudart = _cudart()
+            if cudart is None:
                 return
+            exchange = _exchange_capture_mode(cudart)
             if threading.current_thread().name.startswith("sgl-probe"):
                 import ctypes
                 import torch
 
                 torch.cuda.set_device(stream.device_index)
                 exchange(ctypes.byref(ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)))
+                # The runtime's calls now go to the events' own device.
+                if self.runtime_elapsed:
+                    state.elapsed = self.checked_elapsed(cudart)
             else:
                 state.exchange = exchange
         except Exception:
@@ -337,13 +377,47 @@ class CudaTimer:
     #: start is mapped through the anchor again (bounds the rounding a chain can accumulate).
     _CHAIN_MAX = 256
 
+    #: Intervals the runtime's elapsed time answers next to torch's before it is used alone.
+    _ELAPSED_CHECKS = 16
+
+    def checked_elapsed(self, cudart: Any) -> Any:
+        """This thread's elapsed time through the runtime (:func:`runtime_elapsed`), checked: for
+        the first :attr:`_ELAPSED_CHECKS` intervals torch's ``Event.elapsed_time`` answers too and
+        its answer is used; once they all agreed, the runtime's alone. At the first disagreement or
+        refusal this thread goes back to torch's for good, with one log line."""
+        torch_elapsed = self._elapsed
+        state = self._prepared
+
+        def give_up(a: Any, b: Any, why: str, ref: Optional[float] = None) -> float:
+            state.elapsed = None
+            log.info("sgl-probe: cudaEventElapsedTime through the CUDA runtime %s; the drain asks torch from now on",
+                     why)
+            return torch_elapsed(a, b) if ref is None else ref
+
+        fast = runtime_elapsed(cudart, lambda a, b, error: give_up(a, b, f"failed (error {error})"))
+
+        def checking(a: Any, b: Any) -> float:
+            ms = fast(a, b)
+            if state.elapsed is None:  # refused: torch answered
+                return ms
+            ref = torch_elapsed(a, b)  # raises as it always did where the interval cannot be read
+            if ms != ref:
+                return give_up(a, b, f"read {ms!r} ms where torch reads {ref!r} ms", ref)
+            self._elapsed_checks -= 1
+            if self._elapsed_checks <= 0:
+                state.elapsed = fast
+            return ref
+
+        return checking
+
     def interval(self, start: Any, end: Any) -> Tuple[int, int]:
         """Drain side, phases in record order. A start that is the previous phase's end (a shared
         boundary) takes that end's mapped time, so such a phase costs one ``elapsed_time``
         instead of two; durations always come from the phase's own two events."""
         ev, (anchor_ev, anchor_host), _ = start[:3]
         end_ev, _, end_host = end
-        elapsed, offset = self._elapsed, self._offset
+        elapsed = getattr(self._prepared, "elapsed", None) or self._elapsed
+        offset = self._offset
         if ev is None:  # host-clock start; the end maps through the anchor
             t0 = start[3] + offset
             t1 = anchor_host + offset + round(elapsed(anchor_ev, end_ev) * 1e6)

@@ -218,6 +218,8 @@ class _FakeTorch:
         self.queued_ms = 0.0  # where newly recorded events land (>= gpu_ms: work still queued)
         self.records = []
         self.current = (3, 0, 1)  # (stream id, device index, device type)
+        self.handles = {}
+        self.torch_elapsed_calls = 0
 
         class Event:
             created = 0
@@ -225,6 +227,8 @@ class _FakeTorch:
             def __init__(self, enable_timing=False):
                 Event.created += 1
                 self.t = None
+                self.cuda_event = id(self)  # the raw handle torch exposes
+                fake.handles[id(self)] = self
 
             def record(self, stream=None):
                 fake._record(self, stream)
@@ -233,6 +237,7 @@ class _FakeTorch:
                 return self.t is not None and self.t <= fake.gpu_ms
 
             def elapsed_time(self, other):
+                fake.torch_elapsed_calls += 1
                 return other.t - self.t
 
         class Stream:
@@ -319,6 +324,91 @@ def test_cuda_timer_bookkeeping_with_stand_in_torch():
     # A second later, with the stream idle, a fresh anchor is taken.
     anchored = timer.start(now + 2 * CudaTimer._ANCHOR_EVERY_NS)
     assert anchored[0] is anchored[1][0] and anchored[1] is not tok[1]
+
+
+class _FakeCudart:
+    """The runtime's ``cudaEventElapsedTime`` as a real C function pointer (ctypes calls it as it
+    calls libcudart's), reading the fake events by their handles; ``skew`` and ``error`` make it
+    disagree with torch or refuse."""
+
+    def __init__(self, ft: _FakeTorch) -> None:
+        import ctypes
+
+        self.calls, self.skew, self.error = 0, 0.0, 0
+
+        def elapsed(out, a, b):
+            self.calls += 1
+            if self.error:
+                return self.error
+            out[0] = ft.handles[b].t - ft.handles[a].t + self.skew
+            return 0
+
+        proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
+        self.cudaEventElapsedTime = proto(elapsed)
+
+
+def _runtime_timer(skew: float = 0.0, error: int = 0):
+    from sgl_probe.timing import CudaTimer
+
+    ft = _FakeTorch()
+    timer = CudaTimer(ft)
+    timer.relax_capture_mode = False
+    rt = _FakeCudart(ft)
+    rt.skew, rt.error = skew, error
+    timer._prepared.elapsed = timer.checked_elapsed(rt)  # as _prepare_thread does on the drain thread
+    return ft, timer, rt
+
+
+def _phases(ft, timer, n: int, now: int = 10**12):
+    """``n`` phases of 0.5 ms each (times a float32 holds exactly), back to back on an idle GPU."""
+    out = []
+    for i in range(n):
+        tok = timer.start(now + i * 1000)
+        ft.queued_ms = ft.gpu_ms + 0.5
+        end = timer.stop(tok, now + i * 1000 + 1)
+        ft.gpu_ms = ft.queued_ms
+        out.append((tok, end))
+    return out
+
+
+def test_drain_reads_intervals_through_the_runtime_once_they_agree_with_torch():
+    from sgl_probe.timing import CudaTimer
+
+    ft, timer, rt = _runtime_timer()
+    checks = CudaTimer._ELAPSED_CHECKS
+    phases = _phases(ft, timer, checks + 10)
+    got = [timer.interval(tok, end) for tok, end in phases]
+    ref_ft = _FakeTorch()  # the same phases through torch's elapsed time alone
+    ref = CudaTimer(ref_ft)
+    ref._offset = timer._offset
+    assert got == [ref.interval(tok, end) for tok, end in _phases(ref_ft, ref, checks + 10)]
+    # The checked intervals asked both; after them the runtime alone answered.
+    assert rt.calls == len(phases) and ft.torch_elapsed_calls == checks
+    # A plain thread (tests, benchmarks calling drain()) never set up the runtime: torch's.
+    import threading
+
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(timer.interval(*phases[-1])))
+    t.start()
+    t.join()
+    assert seen == [got[-1]] and ft.torch_elapsed_calls == checks + 1
+
+
+@pytest.mark.parametrize("skew, error, said", [(0.25, 0, "where torch reads"), (0.0, 600, "failed (error 600)")])
+def test_drain_goes_back_to_torchs_elapsed_time_when_the_runtime_disagrees_or_refuses(caplog, skew, error, said):
+    from sgl_probe.timing import CudaTimer
+
+    ft, timer, rt = _runtime_timer(skew, error)
+    phases = _phases(ft, timer, 5)
+    with caplog.at_level("INFO", logger="sgl_probe"):
+        got = [timer.interval(tok, end) for tok, end in phases]
+    ref_ft = _FakeTorch()  # torch's answers, never the skewed ones
+    ref = CudaTimer(ref_ft)
+    ref._offset = timer._offset
+    assert got == [ref.interval(tok, end) for tok, end in _phases(ref_ft, ref, 5)]
+    assert rt.calls == 1 and ft.torch_elapsed_calls == 5
+    assert [r.getMessage() for r in caplog.records if "cudaEventElapsedTime" in r.getMessage()] == [
+        next(r.getMessage() for r in caplog.records if said in r.getMessage())]
 
 
 def test_cuda_timer_shares_a_boundary_only_while_the_gpu_is_behind():

@@ -5,7 +5,8 @@ Two measurements of the same probe (CUDA timer, exporter process, OTLP to the re
 - ``live``: a launch-bound loop (a small CUDA graph per step, ``spin_us`` of host work before it)
   with the probe's own drain thread running at its default interval, as in a server; that thread's CPU time
   (its own clock) per step, and the loop's thread CPU per step; as scheduled, then with both
-  threads on one CPU, then on two far-apart CPUs, then as scheduled again.
+  threads on one CPU, then on two far-apart CPUs, then as scheduled again; as scheduled also with
+  torch's ``Event.elapsed_time`` for the GPU times instead of the runtime's (``runtime_elapsed``).
 - ``stages``: one pass over recorded steps, on a thread named like the probe's (the drain
   thread's CUDA capture mode), each stage timed by thread CPU: completion check and resolving
   (``take_ready``), the summary, the link's pickling, the send; then the whole ``drain()`` over
@@ -41,11 +42,14 @@ def _decode_loop(env: Env, tag: str, probe_env: dict):
     return probe, cls(None, tp_rank=0), gc.Batch(gc.ForwardMode.DECODE, 16)
 
 
-def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = "") -> dict:
+def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = "",
+          runtime_elapsed: bool = True) -> dict:
     """``pin``: "" (as scheduled), ``same`` (the loop's thread and the drain thread on one CPU:
     the GIL runs one of them at a time anyway, and the records stay in that CPU's caches) or
-    ``apart`` (the first and the last CPU of this process, on a large host likely far apart)."""
+    ``apart`` (the first and the last CPU of this process, on a large host likely far apart).
+    ``runtime_elapsed`` False: the drain reads GPU times with torch's ``Event.elapsed_time``."""
     probe, s, batch = _decode_loop(env, "dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30"})
+    probe.recorder.ensure_timer().runtime_elapsed = runtime_elapsed  # before the drain thread's first pass
     for _ in range(200):
         s.run_batch(batch)
     env.sync()
@@ -66,7 +70,8 @@ def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = ""
     d1, m1 = _thread_cpu_ns(drainer), time.thread_time_ns()
     if pin:
         os.sched_setaffinity(threading.get_native_id(), cpus)
-    out = {"steps": n, "host_us": host_us, "pin": pin or None, "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
+    out = {"steps": n, "host_us": host_us, "pin": pin or None, "runtime_elapsed": runtime_elapsed,
+           "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
            "loop_thread_cpu_us_per_step": (m1 - m0) / n / 1e3, "dropped": probe.pipeline.dropped_by()}
     probe.instrumentor.uninstrument()
     probe.pipeline.shutdown()
@@ -118,4 +123,5 @@ def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
 
 def section_drainprof(env: Env, rcv: gc.ReceiverProcess, steps: int = 3000) -> dict:
     return {"stages": _stages(env, rcv.env(), steps),
-            "live": [_live(env, rcv.env(), 6.0, 2000.0, pin) for pin in ("", "same", "apart", "")]}
+            "live": [_live(env, rcv.env(), 6.0, 2000.0, pin, rt)
+                     for pin, rt in (("", True), ("", False), ("same", True), ("apart", True), ("", True), ("", False))]}

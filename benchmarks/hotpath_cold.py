@@ -2,8 +2,8 @@
 
 Between two scheduler steps SGLang runs its own Python over megabytes of objects and issues
 hundreds of launches, so every wrapped call finds the probe's code and data evicted. On the real
-tiny server on an H200 (run h200-12) the scheduler thread spent ~105 µs more CPU per decode step
-while the probe recorded, against ~3-10 µs for the same calls in a warm micro-loop. This
+tiny server on an H200 the hot path alone cost ~2.5 % of a ~2.1 ms decode step, ~50 µs (run
+h200-13), against ~3-10 µs for the same calls in a warm micro-loop. This
 reproduces that on any machine: a scheduler-shaped loop (one step, one decode phase, one graph
 replay per step, wrapped by the real probe through its own target table, CPU timer), and between
 two steps a walk over ``--evict-kb`` of shuffled objects that evicts the caches. Only the wrapped

@@ -6,8 +6,9 @@ Drain side (the export thread): ``ready``, ``interval``, ``wall``, ``release``, 
 The CUDA timer never synchronizes: events come from a pool, are recorded on the current stream
 around the call, and are later asked ``query()`` by the drain thread; only completed pairs are
 read, on the probe's own threads with the CUDA runtime's ``cudaEventElapsedTime`` (one call, the
-GIL released; :func:`runtime_elapsed`), elsewhere with torch's ``elapsed_time``. Nothing is recorded on a stream that is being captured into a CUDA
-graph (SGLang captures at startup), so capture stays valid.
+GIL released; :func:`runtime_elapsed`), elsewhere with torch's ``elapsed_time``. Nothing is
+recorded on a stream that is being captured into a CUDA graph (SGLang captures at startup), so
+capture stays valid.
 
 What one timed call costs on the hot path is, in this order: one capture check, one look-up of
 the current stream (a C call and a dict hit: ``torch.cuda.current_stream()`` would build a new

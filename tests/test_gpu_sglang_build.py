@@ -641,3 +641,26 @@ def test_cross_us_per_step_charges_the_collections_between_two_flips_to_the_firs
     assert got["gc_full_per_1000_steps_paused"] == 0
     res["cores_busy"][1]["gc_at_flip"] = None  # a flip that reported nothing: no interval either side
     assert "gc_recording" not in summarize.cross_us_per_step(res)
+
+
+def test_overhead_cross_with_several_kinds_writes_one_result_file_per_kind(tmp_path: Path, monkeypatch):
+    """``--ab-exports probe,drop``: each kind's result in its own tagged file, which the summary
+    then keeps apart by tag and kind."""
+    import device
+    import summarize
+
+    def fake_suite(carry, out, pairs, window_s, conc, control_pairs, exports, tokens):
+        assert exports == ("probe", "drop") and tokens == 1024 and pairs == 3
+        return {k: {"export": k, "tokens": tokens, "windows": [], "verdict": {"cross": {"median_ratio": r}}}
+                for k, r in zip(exports, (0.99, 0.97))}
+
+    monkeypatch.setattr(device, "suite_overhead_cross", fake_suite)
+    monkeypatch.setattr(device, "pack", lambda out, suite: None)
+    monkeypatch.setattr(device.os, "sched_setaffinity", lambda pid, cpus: None)
+    assert device.main(["overhead_cross", "--carry", str(tmp_path), "--out", str(tmp_path), "--tag", "r99",
+                        "--ab-exports", "probe,drop", "--tokens", "1024", "--pairs", "3"]) == 0
+    names = sorted(p.name for p in tmp_path.glob("gpu_sglang_*.json"))
+    assert names == ["gpu_sglang_r99_drop_overhead_cross.json", "gpu_sglang_r99_probe_overhead_cross.json"]
+    got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]
+    assert got["r99_probe"]["recording_over_paused"]["median_ratio"] == 0.99
+    assert got["r99_drop"]["export"] == "drop"

@@ -1019,7 +1019,8 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
                 t0, t1, uses = measure_window(meters, window_s)
                 windows.append((a_records, t0, t1))
                 for s, use, g in zip((a, b), uses, gcs):
-                    cpu.append({"server": s.name, "recording": flip and a_records == (s is a), **use, "gc_at_flip": g})
+                    cpu.append({"server": s.name, "recording": flip and a_records == (s is a), **use,
+                                "gc_at_flip": g})
     finally:
         for s in (a, b):
             loads[s.name].stop()
@@ -1299,7 +1300,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 # One file per kind, each tagged with it when there are several.
                 for kind, res in list(by_kind.items())[:-1]:
                     res["wall_s"] = round(time.time() - t, 1)
-                    (args.out / f"gpu_sglang_{args.tag}_{kind}_{suite}.json").write_text(json.dumps(res, indent=1, default=str))
+                    (args.out / f"gpu_sglang_{args.tag}_{kind}_{suite}.json").write_text(
+                        json.dumps(res, indent=1, default=str))
                 kind, res = list(by_kind.items())[-1]
                 if len(by_kind) > 1:
                     path = args.out / f"gpu_sglang_{args.tag}_{kind}_{suite}.json"

@@ -399,7 +399,10 @@ class CudaTimer:
         fast = runtime_elapsed(cudart, lambda a, b, error: give_up(a, b, f"failed (error {error})"))
 
         def checking(a: Any, b: Any) -> float:
-            ms = fast(a, b)
+            try:
+                ms = fast(a, b)
+            except Exception as exc:  # e.g. a torch whose events expose no handle
+                return give_up(a, b, f"raised {exc!r}")
             if state.elapsed is None:  # refused: torch answered
                 return ms
             ref = torch_elapsed(a, b)  # raises as it always did where the interval cannot be read

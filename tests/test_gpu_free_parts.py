@@ -411,6 +411,17 @@ def test_drain_goes_back_to_torchs_elapsed_time_when_the_runtime_disagrees_or_re
         next(r.getMessage() for r in caplog.records if said in r.getMessage())]
 
 
+def test_drain_goes_back_to_torchs_elapsed_time_when_events_have_no_handle(caplog):
+    ft, timer, rt = _runtime_timer()
+    phases = _phases(ft, timer, 3)
+    for ev in ft.handles.values():
+        del ev.cuda_event  # a torch without the attribute
+    with caplog.at_level("INFO", logger="sgl_probe"):
+        got = [timer.interval(tok, end) for tok, end in phases]
+    assert len(got) == 3 and rt.calls == 0 and ft.torch_elapsed_calls == 3
+    assert sum("raised AttributeError" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_cuda_timer_shares_a_boundary_only_while_the_gpu_is_behind():
     from sgl_probe.timing import CudaTimer
 

@@ -71,6 +71,7 @@ def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = ""
     if pin:
         os.sched_setaffinity(threading.get_native_id(), cpus)
     out = {"steps": n, "host_us": host_us, "pin": pin or None, "runtime_elapsed": runtime_elapsed,
+           "elapsed_source": getattr(probe.recorder.timer, "elapsed_source", None),
            "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
            "loop_thread_cpu_us_per_step": (m1 - m0) / n / 1e3, "dropped": probe.pipeline.dropped_by()}
     probe.instrumentor.uninstrument()

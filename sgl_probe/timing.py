@@ -203,6 +203,9 @@ class CudaTimer:
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
         self.runtime_elapsed = True  # benchmarks switch it off to measure what it saves
         self._elapsed_checks = self._ELAPSED_CHECKS
+        # What the drain thread reads intervals with: "torch", or "cuda_runtime" once its checks
+        # passed (for benchmarks and tests to see which ran).
+        self.elapsed_source = "torch"
         self.fast_stream = False
         if self._stream_key is not None:
             try:
@@ -392,6 +395,7 @@ class CudaTimer:
 
         def give_up(a: Any, b: Any, why: str, ref: Optional[float] = None) -> float:
             state.elapsed = None
+            self.elapsed_source = "torch"
             log.info("sgl-probe: cudaEventElapsedTime through the CUDA runtime %s; the drain asks torch from now on",
                      why)
             return torch_elapsed(a, b) if ref is None else ref
@@ -411,6 +415,7 @@ class CudaTimer:
             self._elapsed_checks -= 1
             if self._elapsed_checks <= 0:
                 state.elapsed = fast
+                self.elapsed_source = "cuda_runtime"
             return ref
 
         return checking

@@ -384,6 +384,7 @@ def test_drain_reads_intervals_through_the_runtime_once_they_agree_with_torch():
     assert got == [ref.interval(tok, end) for tok, end in _phases(ref_ft, ref, checks + 10)]
     # The checked intervals asked both; after them the runtime alone answered.
     assert rt.calls == len(phases) and ft.torch_elapsed_calls == checks
+    assert timer.elapsed_source == "cuda_runtime"
     # A plain thread (tests, benchmarks calling drain()) never set up the runtime: torch's.
     import threading
 
@@ -406,7 +407,7 @@ def test_drain_goes_back_to_torchs_elapsed_time_when_the_runtime_disagrees_or_re
     ref = CudaTimer(ref_ft)
     ref._offset = timer._offset
     assert got == [ref.interval(tok, end) for tok, end in _phases(ref_ft, ref, 5)]
-    assert rt.calls == 1 and ft.torch_elapsed_calls == 5
+    assert rt.calls == 1 and ft.torch_elapsed_calls == 5 and timer.elapsed_source == "torch"
     assert [r.getMessage() for r in caplog.records if "cudaEventElapsedTime" in r.getMessage()] == [
         next(r.getMessage() for r in caplog.records if said in r.getMessage())]
 

@@ -587,6 +587,12 @@ def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
     assert got["cores_busy_p50"]["exporter_recording"] == 0.2 and got["cores_busy_p50"]["exporter_paused"] == 0.0
     assert got["scheduler_threads_p50"]["main_asleep_recording"] == 0.007
     assert got["received_spans"] == {"sglang:sglang.decode": 9}
+    assert "elapsed_source" not in got  # files from before the pause shim reported it
+    cores[-1]["gc_at_flip"] = {"t": 1.0, "count": [0, 0, 0], "seconds": [0.0] * 3, "elapsed_source": "cuda_runtime"}
+    (tmp_path / "gpu_sglang_r32_overhead_cross.json").write_text(
+        json.dumps({"tokens": 1024, "export": "probe", "cores_busy": cores, "verdict": verdict}))
+    got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]["r32"]
+    assert got["elapsed_source"] == {"cross_0": "cuda_runtime"}
 
 
 @pytest.mark.parametrize("export, env, match", [("hog", {}, "not one of"), ("ref", {"GPU_BENCH_PROBE_REF": "absent"}, "no probe wheel")])

@@ -63,6 +63,12 @@ def test_each_flip_reports_the_garbage_collections_so_far(shim, monkeypatch, tmp
     second = control.gc_stats(tmp_path, os.getpid())
     assert second["count"][2] >= first["count"][2] + 1 and second["count"][0] >= first["count"][0] + 1
     assert sum(second["seconds"]) > sum(first["seconds"]) and second["t"] >= first["t"]
+    assert second["elapsed_source"] is None  # no probe here
+    step = Hook(Target("step", (), "m", "S.run_batch", "step"))
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]),
+                                               recorder=NS(timer=NS(elapsed_source="cuda_runtime"))))
+    shim._flip(signal.SIGUSR2, None)
+    assert control.gc_stats(tmp_path, os.getpid())["elapsed_source"] == "cuda_runtime"
 
 
 def test_flip_without_a_probe_reports_it_and_never_raises(shim, monkeypatch, tmp_path):

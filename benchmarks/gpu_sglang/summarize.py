@@ -115,6 +115,10 @@ def fold_overhead_cross(res: dict) -> dict:
         per_step = cross_us_per_step(res)
         if per_step:
             out["scheduler_us_per_step_p50"] = per_step
+        # What each server's drain read GPU times with at its last flip (pause shim, h200-14 on).
+        last = {c["server"]: (c.get("gc_at_flip") or {}).get("elapsed_source") for c in cores}
+        if any(last.values()):
+            out["elapsed_source"] = last
     return out
 
 

@@ -22,7 +22,9 @@ Before the state, each flip writes ``<pid>.gc``: the process's garbage collectio
 generation, with the seconds they took (a ``gc.callbacks`` hook, ~1 µs per collection, the same
 in both states). Records that live until the next drain survive young collections and are
 promoted, which can make SGLang's full collections of its large heap more frequent: the
-difference between two flips says how much of a recording window went there.
+difference between two flips says how much of a recording window went there. The same file
+carries what the probe's CUDA timer reads GPU times with (``elapsed_source``; None before the
+first step or with the CPU timer), so a benchmark can see which read ran.
 """
 
 import gc
@@ -53,6 +55,7 @@ def _flip(signum, frame):
         from sgl_probe.activate import get_probe
 
         probe = get_probe()
+        source = None
         if probe is None:  # SGL_PROBE=0 (an A/A control) or SGLang not imported in this process
             state = "no-probe"
         else:
@@ -61,10 +64,11 @@ def _flip(signum, frame):
             for h in steps:
                 h.enabled = on
             state = "recording" if on else "paused"
+            source = getattr(getattr(getattr(probe, "recorder", None), "timer", None), "elapsed_source", None)
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
-                json.dump(dict(_GC, t=time.time()), fh)
+                json.dump(dict(_GC, t=time.time(), elapsed_source=source), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down

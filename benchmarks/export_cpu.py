@@ -424,11 +424,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.step_ms, args.busy_us)))
         return 0
+    from gpu_common import print_result
+
     if args.compare:
-        text = json.dumps(compare(args), indent=1)
-        print(text)
-        if args.json:
-            Path(args.json).write_text(text + "\n")
+        print_result(compare(args), args.json)
         return 0
     from sgl_probe.testing.receiver import OTLPReceiver
 
@@ -483,10 +482,7 @@ def main() -> int:
     }
     if args.breakdown:
         result["breakdown_cpu_us_per_step"] = _breakdown(__file__, args.steps)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    print_result(result, args.json)
     return 0
 
 

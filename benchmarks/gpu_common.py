@@ -26,6 +26,17 @@ if ROOT not in sys.path:
 WORKLOAD_MODULE = __name__  # the target table points at classes defined in this module
 
 
+# -- results ------------------------------------------------------------------------------------
+
+def print_result(result: dict, json_path: Optional[str] = None) -> None:
+    """A benchmark's result as one JSON object on stdout, and in ``json_path`` when given."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if json_path:
+        with open(json_path, "w") as fh:
+            fh.write(text + "\n")
+
+
 # -- statistics ---------------------------------------------------------------------------------
 
 def bootstrap_median_ci(values: Sequence[float], n_boot: int = 2000, seed: int = 0,

@@ -24,7 +24,6 @@ and 95 % bootstrap interval), and cold / warm.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
-from gpu_common import bootstrap_median_ci  # noqa: E402
+from gpu_common import bootstrap_median_ci, print_result  # noqa: E402
 from sched_shape import ROLES, install, table  # noqa: E402
 
 MODULE = "hotpath_cold_workload"
@@ -137,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     roles = tuple(args.roles.split(","))
     if not set(roles) <= set(ROLES) or "step" not in roles:
         ap.error(f"--roles: from {ROLES}, step among them (phases are recorded inside a step)")
-    res = run(args.evict_kb, args.steps, args.repeats, roles)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    print_result(run(args.evict_kb, args.steps, args.repeats, roles), args.json)
     return 0
 
 

@@ -588,11 +588,13 @@ def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
     assert got["scheduler_threads_p50"]["main_asleep_recording"] == 0.007
     assert got["received_spans"] == {"sglang:sglang.decode": 9}
     assert "elapsed_source" not in got  # files from before the pause shim reported it
-    cores[-1]["gc_at_flip"] = {"t": 1.0, "count": [0, 0, 0], "seconds": [0.0] * 3, "elapsed_source": "cuda_runtime"}
+    cores[-1]["gc_at_flip"] = {"t": 1.0, "count": [0, 0, 0], "seconds": [0.0] * 3, "elapsed_source": "cuda_runtime",
+                               "probe_file": "/tmp/probe_ref/sgl_probe/__init__.py"}
     (tmp_path / "gpu_sglang_r32_overhead_cross.json").write_text(
         json.dumps({"tokens": 1024, "export": "probe", "cores_busy": cores, "verdict": verdict}))
     got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]["r32"]
     assert got["elapsed_source"] == {"cross_0": "cuda_runtime"}
+    assert got["probe_file"] == {"cross_0": "/tmp/probe_ref/sgl_probe/__init__.py"}
 
 
 @pytest.mark.parametrize("export, env, match", [("hog", {}, "not one of"), ("ref", {"GPU_BENCH_PROBE_REF": "absent"}, "no probe wheel")])
@@ -670,3 +672,23 @@ def test_overhead_cross_with_several_kinds_writes_one_result_file_per_kind(tmp_p
     got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]
     assert got["r99_probe"]["recording_over_paused"]["median_ratio"] == 0.99
     assert got["r99_drop"]["export"] == "drop"
+
+
+def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(tmp_path: Path, monkeypatch):
+    """Run from the checkout (as run.sh does), ``python -m`` puts the checkout first on sys.path:
+    a reference server once ran the checkout's probe instead of its reference wheel's."""
+    import device
+
+    wheel = tmp_path / "probe_ref"
+    (wheel / "sgl_probe").mkdir(parents=True)
+    (wheel / "sgl_probe" / "__init__.py").write_text("")
+    monkeypatch.setenv("GPU_BENCH_SITE", str(tmp_path / "site"))
+    monkeypatch.chdir(ROOT)
+    srv = device.Server("ref_0", 0, [], probe=str(wheel), out=tmp_path)
+    env = srv.env
+    srv.env = {**env, "SGL_PROBE": "0"}  # only the import is asked about, nothing armed
+    proc = srv.spawn([sys.executable, "-c", "import sgl_probe; print(sgl_probe.__file__)"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert Path(out.strip()).resolve() == (wheel / "sgl_probe" / "__init__.py").resolve()

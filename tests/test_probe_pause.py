@@ -68,7 +68,9 @@ def test_each_flip_reports_the_garbage_collections_so_far(shim, monkeypatch, tmp
     monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]),
                                                recorder=NS(timer=NS(elapsed_source="cuda_runtime"))))
     shim._flip(signal.SIGUSR2, None)
-    assert control.gc_stats(tmp_path, os.getpid())["elapsed_source"] == "cuda_runtime"
+    got = control.gc_stats(tmp_path, os.getpid())
+    assert got["elapsed_source"] == "cuda_runtime"
+    assert got["probe_file"] == sys.modules["sgl_probe"].__file__  # which probe this process runs
 
 
 def test_flip_without_a_probe_reports_it_and_never_raises(shim, monkeypatch, tmp_path):

@@ -44,6 +44,20 @@ from probe_pause import control as pause  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+
+#: Where every child that imports sgl_probe runs. ``python -m`` and ``-c`` put the working
+#: directory first on sys.path, before PYTHONPATH; run from the checkout, a server imported the
+#: checkout's ``sgl_probe/`` whatever wheel its PYTHONPATH named (the probe arms from the wheel's
+#: startup folder but imports the package only once sglang is imported). Until 2026-12-03 every
+#: ``ref`` server ran this checkout's probe, not the reference wheel. PYTHONSAFEPATH (3.11+) drops
+#: that entry; the neutral directory covers older interpreters.
+CHILD_CWD = Path("/tmp/gpu_sglang_cwd")
+
+
+def child_env(env: dict) -> dict:
+    """``env`` for a child that must import sgl_probe from its PYTHONPATH only (see CHILD_CWD)."""
+    CHILD_CWD.mkdir(parents=True, exist_ok=True)
+    return {**env, "PYTHONSAFEPATH": "1"}
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 T0 = time.time()
 # Servers run on one fixed set of cores, the load generator and the OTLP receiver each on cores of
@@ -110,11 +124,14 @@ class Server:
                "--port", str(self.port)]
         fh.write(" ".join(cmd) + "\n")
         fh.flush()
-        self.proc = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=lambda: os.sched_setaffinity(0, SERVER_CPUS))
+        self.proc = self.spawn(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, SERVER_CPUS))
         self.t_start = time.time()
         return self
+
+    def spawn(self, cmd: list[str], **kw) -> subprocess.Popen:
+        """``cmd`` as this server's process: its environment, and its probe from its own folder."""
+        return subprocess.Popen(cmd, env=child_env(self.env), cwd=CHILD_CWD, **kw)
 
     def wait_ready(self, timeout: float) -> bool:
         end = time.time() + timeout
@@ -262,8 +279,8 @@ def wait_spans(trace_dir: Path, settle_s: float = 3.0) -> list[dict]:
 
 def probe_cli(*args: str) -> str:
     env = dict(os.environ, PYTHONPATH=f"{os.environ['GPU_BENCH_PROBE']}:{os.environ['GPU_BENCH_SITE']}")
-    proc = subprocess.run([sys.executable, "-m", "sgl_probe.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run([sys.executable, "-m", "sgl_probe.cli", *args], env=child_env(env), cwd=CHILD_CWD,
+                          capture_output=True, text=True, timeout=180)
     return proc.stdout + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
 
 

@@ -119,6 +119,10 @@ def fold_overhead_cross(res: dict) -> dict:
         last = {c["server"]: (c.get("gc_at_flip") or {}).get("elapsed_source") for c in cores}
         if any(last.values()):
             out["elapsed_source"] = last
+        # Where each server imported sgl_probe from (pause shim, h200-14 on): which wheel ran.
+        files = {c["server"]: (c.get("gc_at_flip") or {}).get("probe_file") for c in cores}
+        if any(files.values()):
+            out["probe_file"] = files
     return out
 
 

@@ -24,7 +24,8 @@ in both states). Records that live until the next drain survive young collection
 promoted, which can make SGLang's full collections of its large heap more frequent: the
 difference between two flips says how much of a recording window went there. The same file
 carries what the probe's CUDA timer reads GPU times with (``elapsed_source``; None before the
-first step or with the CPU timer), so a benchmark can see which read ran.
+first step or with the CPU timer), so a benchmark can see which read ran, and where the process
+imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
 """
 
 import gc
@@ -56,6 +57,7 @@ def _flip(signum, frame):
 
         probe = get_probe()
         source = None
+        probe_file = getattr(sys.modules.get("sgl_probe"), "__file__", None)
         if probe is None:  # SGL_PROBE=0 (an A/A control) or SGLang not imported in this process
             state = "no-probe"
         else:
@@ -68,7 +70,7 @@ def _flip(signum, frame):
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
-                json.dump(dict(_GC, t=time.time(), elapsed_source=source), fh)
+                json.dump(dict(_GC, t=time.time(), elapsed_source=source, probe_file=probe_file), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down

@@ -542,6 +542,12 @@ def test_pool_judges_the_pairs_of_servers_from_several_calls_as_one(tmp_path: Pa
     assert got["pairs"] == 3 and got["pairs_by_server"] == {"r1:ab_probe_0": 2, "r2:ab_ref_0": 1}
     assert got["median_ratio"] == pytest.approx(0.98)  # of 0.90, 0.99, 0.98; the A/A server left out
     assert got["ci95"][0] <= 0.98 <= got["ci95"][1]
+    # an overhead_cross call's pairs: sqrt((a_X / b_X) / (a_Y / b_Y)), X the window where a recorded
+    cross = [{"a_records": True, "a": 96.0, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 96.0}]
+    (tmp_path / "gpu_sglang_r3_probe_overhead_cross.json").write_text(call(cross))
+    got = pool.pool(tmp_path, ["r3_probe:cross", "r2:ab_ref_0"])
+    assert got["pairs_by_server"] == {"r3_probe:cross": 1, "r2:ab_ref_0": 1}
+    assert got["median_ratio"] == pytest.approx((0.96 + 0.98) / 2)
 
 
 def test_cross_estimator_cancels_what_slows_both_servers_and_each_servers_own_speed():

@@ -5,6 +5,10 @@ One call's interval on the tiny server is ~+-3 % (the host's speed wanders betwe
 servers running the same in-process code are pooled across calls::
 
     python3 benchmarks/gpu_sglang/pool.py benchmarks/results r21:ab_ref_0 r26:ab_probe_0 r27:ab_probe_0
+
+``TAG:cross`` takes an overhead_cross call's cross pairs instead (``r37_probe:cross`` reads
+``gpu_sglang_r37_probe_overhead_cross.json``): kinds measured on different server pairs, whose
+medians differ by more than one call's interval even for the same code (run h200-14).
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ import analysis  # noqa: E402
 
 
 def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
+    if server == "cross":
+        import device
+
+        return device.cross_ratios(json.loads((results / f"gpu_sglang_{tag}_overhead_cross.json").read_text())["windows"])
     windows = json.loads((results / f"gpu_sglang_{tag}_overhead_ab.json").read_text())["windows"][server]
     return analysis.pair_ratios(windows)
 

@@ -81,6 +81,14 @@ def test_flip_without_a_probe_reports_it_and_never_raises(shim, monkeypatch, tmp
     shim._flip(signal.SIGUSR2, None)
 
 
+def test_flip_where_the_probe_cannot_be_imported_reports_no_probe(shim, monkeypatch, tmp_path):
+    """An A/A control server has no sgl_probe on its path at all: it must still answer the flip,
+    or the controller waits for it in vain."""
+    monkeypatch.setitem(sys.modules, "sgl_probe.activate", None)  # import raises ImportError
+    shim._flip(signal.SIGUSR2, None)
+    assert (tmp_path / str(os.getpid())).read_text() == "no-probe"
+
+
 def test_controller_finds_schedulers_by_title_and_waits_for_their_state(tmp_path):
     control = _load("control")
     # bash's exec -a sets argv[0], as SGLang's setproctitle does for its scheduler

@@ -265,6 +265,12 @@ def test_summary_keeps_each_overhead_ab_call_apart_by_tag_with_its_kinds_of_prob
     assert got["r8"]["no_export_recording_over_paused"] == {"median_ratio": 0.99}
     assert got["r8"]["cpu_timer_recording_over_paused"] == {"median_ratio": 1.001}
     assert got["r8"]["aa_control"] is None
+    assert "first_pair_ratio" not in got["r7"]  # calls from before the first pair was kept apart
+    r10 = call({"probe": 0.99})
+    r10["windows"] = {"ab_probe_0": {"first_pair": {"recording": 75.0, "paused": 100.0}}, "ab_aa_0": {"first_pair": None}}
+    (tmp_path / "gpu_sglang_r10_overhead_ab.json").write_text(json.dumps(r10))
+    got = summarize.summarize("t", [str(tmp_path)])["overhead_in_server"]
+    assert got["r10"]["first_pair_ratio"] == {"ab_probe_0": 0.75}
 
 
 def test_overhead_ab_refuses_an_unknown_kind_of_probe_server_before_starting_anything(tmp_path: Path):
@@ -312,6 +318,23 @@ def test_two_passes_over_one_server_join_into_one_set_of_pairs():
     assert got["p99_step_ms"]["recording"] == pytest.approx(10.0)  # the slow gap is the second pass's
     assert got["p99_step_ms"]["paused"] == pytest.approx(2.0)
     assert device.merge_windows(None, b) is b and device.merge_windows(a, {"error": "x"}) is a
+    a["first_pair"] = {"recording": 0.75, "paused": 1.0}
+    assert device.merge_windows(a, b)["first_pair"] == a["first_pair"]  # the first pass's, kept apart
+
+
+def test_a_servers_first_pair_is_kept_apart_from_the_judged_pairs():
+    """The first recording window after start-up is not the steady state (h200-14): with
+    ``apart`` the first two windows leave the pairs, and their rates and CPU come back apart."""
+    import device
+
+    spans = [(True, 0.0, 1.0), (False, 1.0, 2.0), (False, 2.0, 3.0), (True, 3.0, 4.0)]
+    cpu = [{"w": i} for i in range(4)]
+    rate = lambda t0, t1: 100.0 * (t0 + 1)  # noqa: E731
+    first, rest, rest_cpu = device.first_pair_apart(spans, cpu, True, rate)
+    assert first == {"recording": 100.0, "paused": 200.0, "cores_busy": [{"w": 0}, {"w": 1}]}
+    assert rest == spans[2:] and rest_cpu == cpu[2:]
+    assert device.first_pair_apart(spans, cpu, False, rate) == (None, spans, cpu)
+    assert device.first_pair_apart(spans[:1], cpu[:1], True, rate) == (None, spans[:1], cpu[:1])
 
 
 def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():

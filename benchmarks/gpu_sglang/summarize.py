@@ -94,6 +94,11 @@ def fold_overhead_ab(ab: dict) -> dict:
                for name, w in windows if w.get("cores_busy") and all("threads" in c for c in w["cores_busy"])}
     if threads:
         out["scheduler_threads_p50"] = threads
+    # Each server's first pair of the call, kept out of the ratios (h200-14 on): recording / paused.
+    first = {name: w["first_pair"]["recording"] / w["first_pair"]["paused"]
+             for name, w in windows if (w.get("first_pair") or {}).get("paused")}
+    if first:
+        out["first_pair_ratio"] = first
     return out
 
 

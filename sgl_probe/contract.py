@@ -94,6 +94,16 @@ FP_GIT_MODIFIED = "fingerprint.sglang.git_modified"
 FP_ORPHANED_BYTECODE = "fingerprint.sglang.orphaned_bytecode"
 FP_STALE_BYTECODE = "fingerprint.sglang.stale_bytecode"
 FP_ERRORS = "fingerprint.errors"
+#: Which sgl-probe code ran (its version alone names no build): ``sglang_code``'s keys for the
+#: probe's own package -> attribute key.
+FP_PROBE = {
+    "version": "fingerprint.sgl_probe.version",
+    "path": "fingerprint.sgl_probe.path",
+    "install": "fingerprint.sgl_probe.install",
+    "patched": "fingerprint.sgl_probe.patched_files",
+    "git_commit": "fingerprint.sgl_probe.git_commit",
+    "git_modified": "fingerprint.sgl_probe.git_modified",
+}
 #: Runtime versions: fingerprint dict key -> attribute key.
 FP_RUNTIME = {
     "python": "fingerprint.python.version",

@@ -334,6 +334,9 @@ def collect(argv: Optional[Iterable[str]] = None, launcher_env: Optional[Mapping
     """The whole fingerprint as a JSON-able dict (``sgl-probe doctor --json`` prints it)."""
     t0 = time.perf_counter()
     fp: dict[str, Any] = {"sglang": sglang_code(full=full)}
+    # The probe's own code the same way: a checkout or a second install on the path shadows the
+    # installed wheel without changing the version it reports.
+    fp["sgl_probe"] = sglang_code(full=full, top="sgl_probe")
     fp.update(runtime_versions(import_torch=import_torch))
     fp["server_args"] = redact_args(sys.argv if argv is None else argv)
     if launcher_env is not None:
@@ -370,7 +373,11 @@ def to_attributes(fp: Mapping[str, Any]) -> dict[str, Any]:
     put(C.FP_GIT_MODIFIED, sg.get("git_modified"))
     put(C.FP_ORPHANED_BYTECODE, sg.get("orphaned_bytecode"))
     put(C.FP_STALE_BYTECODE, sg.get("stale_bytecode"))
-    put(C.FP_ERRORS, [redact_value(str(e)) for e in sg["errors"]] if sg.get("errors") else None)
+    probe = fp.get("sgl_probe") or {}
+    for key, attr in C.FP_PROBE.items():
+        put(attr, probe.get(key))
+    errors = list(sg.get("errors") or ()) + ["sgl_probe: " + str(e) for e in probe.get("errors") or ()]
+    put(C.FP_ERRORS, [redact_value(str(e)) for e in errors] if errors else None)
     for key, attr in C.FP_RUNTIME.items():
         put(attr, fp.get(key))
     # Redacted again here: whoever built ``fp``, no secret reaches a span.
@@ -402,6 +409,14 @@ def text_lines(fp: Mapping[str, Any]) -> list[str]:
             out.append(f"{label}: " + ", ".join(sg[key]))
     for err in sg.get("errors") or ():
         out.append("! " + err)
+    probe = fp.get("sgl_probe") or {}
+    if probe:
+        line = f"sgl-probe {probe.get('version') or '?'} from {probe.get('path') or '?'} ({probe.get('install')})"
+        if probe.get("patched"):
+            line += "; patched: " + ", ".join(probe["patched"])
+        if probe.get("git_commit") is not None:
+            line += f"; git commit {probe['git_commit']}, modified: " + (", ".join(probe.get("git_modified") or []) or "none")
+        out.append(line)
     gpus = fp.get("gpu_models") or []
     out.append(f"python {fp.get('python')}, torch {fp.get('torch') or '-'}, CUDA {fp.get('cuda') or '-'}, "
                f"NCCL {fp.get('nccl') or '-'}, driver {fp.get('driver') or '-'}, "

@@ -122,6 +122,24 @@ def test_versions_gpus_and_arguments(tmp_path, capsys):
     assert "s3cret" not in json.dumps(d) and "other" not in json.dumps(d["server_args"])
 
 
+def test_a_run_with_another_build_of_the_probe_says_so(tmp_path, capsys):
+    """Both report sgl-probe 0.1.0; one imported a checkout with a modified file: the version alone
+    would hide that the two runs measured with different probe code."""
+    wheel = {**FP, "sgl_probe": {"version": "0.1.0", "path": "/v/site-packages/sgl_probe", "install": "wheel",
+                                 "patched": []}}
+    checkout = {**FP, "sgl_probe": {"version": "0.1.0", "path": "/src/sgl-probe/sgl_probe", "install": "git",
+                                    "git_commit": "abc123", "git_modified": ["sgl_probe/timing.py"]}}
+    a = write_run(tmp_path / "a", BASE_ENV, wheel)
+    b = write_run(tmp_path / "b", BASE_ENV, checkout)
+    rc, d = diff_json(capsys, a, b)
+    assert rc == 1 and "versions" in d["unexpected"]
+    assert d["versions"] == {"sgl-probe install": {"a": "wheel", "b": "git"},
+                             "sgl-probe git commit": {"a": None, "b": "abc123"}}
+    assert d["files"] == {"modified files in the sgl-probe checkout": {"only_a": [], "only_b": ["sgl_probe/timing.py"]}}
+    rc, d = diff_json(capsys, a, write_run(tmp_path / "c", BASE_ENV, wheel))
+    assert d["same"]
+
+
 def test_a_baseline_on_another_port_is_shown_but_not_doubted(tmp_path, capsys):
     a = write_run(tmp_path / "a", BASE_ENV, FP)
     argv = [x if x != "30000" else "30001" for x in ARGS] + ["--host", "0.0.0.0", "--speculative-algorithm", "EAGLE3"]

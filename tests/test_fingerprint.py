@@ -182,3 +182,24 @@ def test_collect_and_span_attributes(tmp_path, monkeypatch):
     assert all(k.startswith(C.FP_PREFIX) for k in attrs)
     assert all(isinstance(v, (str, int, float, bool, list)) for v in attrs.values())
     assert "s3cret" not in repr(attrs) and "pw@" not in repr(attrs)
+
+
+def test_the_fingerprint_names_the_probe_code_that_runs(tmp_path, monkeypatch):
+    """The probe's own package, found the way SGLang's is: where it was imported from, and a
+    probe checked against its wheel's RECORD."""
+    import sgl_probe
+
+    fp = fingerprint.collect(argv=[])
+    assert fp["sgl_probe"]["path"] == os.path.dirname(os.path.realpath(sgl_probe.__file__))
+    assert fp["sgl_probe"]["install"] in ("wheel", "git")
+    attrs = fingerprint.to_attributes(fp)
+    assert attrs[C.FP_PROBE["path"]] == fp["sgl_probe"]["path"]
+    assert any(line.startswith("sgl-probe ") for line in fingerprint.text_lines(fp))
+    # A patched probe install is named like a patched SGLang (the fake package stands in for it).
+    make_install(tmp_path, settle_s=0.05)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    (tmp_path / PKG / "engine.py").write_text("def run():\n    return 3\n")
+    fp["sgl_probe"] = fingerprint.sglang_code(top=PKG)
+    attrs = fingerprint.to_attributes(fp)
+    assert attrs[C.FP_PROBE["patched"]] == [f"{PKG}/engine.py"] and attrs[C.FP_PROBE["install"]] == "wheel"

@@ -22,10 +22,15 @@ _SCALARS = [("sglang", "SGLang version", C.FP_SGLANG_VERSION),
             ("sglang", "SGLang git commit", C.FP_GIT_COMMIT)]
 _SCALARS += [("gpu" if key.startswith("gpu") else "versions", key.replace("_", " "), attr)
              for key, attr in C.FP_RUNTIME.items()]
+# The probe's own code: its overhead is part of what both runs measured.
+_SCALARS += [("versions", "sgl-probe " + label, C.FP_PROBE[key])
+             for key, label in (("version", "version"), ("install", "install"), ("git_commit", "git commit"))]
 #: Fingerprint list attributes compared as sets: (label, attribute key).
 _FILE_SETS = [("patched SGLang files", C.FP_PATCHED), ("missing SGLang files", C.FP_MISSING),
               ("modified files in the SGLang checkout", C.FP_GIT_MODIFIED),
-              ("orphaned bytecode", C.FP_ORPHANED_BYTECODE), ("stale bytecode", C.FP_STALE_BYTECODE)]
+              ("orphaned bytecode", C.FP_ORPHANED_BYTECODE), ("stale bytecode", C.FP_STALE_BYTECODE),
+              ("patched sgl-probe files", C.FP_PROBE["patched"]),
+              ("modified files in the sgl-probe checkout", C.FP_PROBE["git_modified"])]
 #: Variables that name a launch rather than configure it (SGLang sets a new id per launch).
 NOT_COMPARED_VARS = frozenset({"SGLANG_RUN_ID"})
 #: Server flags that a speculative run and its plain baseline are expected to differ in.

@@ -573,6 +573,20 @@ def test_pool_judges_the_pairs_of_servers_from_several_calls_as_one(tmp_path: Pa
     assert got["median_ratio"] == pytest.approx((0.96 + 0.98) / 2)
 
 
+def test_pool_by_server_interval_carries_the_spread_between_servers():
+    """Five servers of the same code, each tight around its own speed (0.93-1.01, as the tiny
+    server's pairs were in h200-14): pairs taken as independent give a narrow interval around the
+    middle server; resampling the servers first spans the spread between them."""
+    import pool
+
+    rng = __import__("random").Random(1)
+    groups = [[m + rng.uniform(-0.003, 0.003) for _ in range(20)] for m in (0.93, 0.96, 0.97, 0.98, 1.01)]
+    lo, hi = pool.by_server_ci(groups)
+    naive = pool.analysis.bootstrap_ratio([1.0] * 100, sum(groups, []))["ci95"]
+    assert lo < 0.95 and hi > 0.99 and naive[0] > 0.955 and naive[1] < 0.985
+    assert pool.by_server_ci(groups[:1]) is None  # one server: no spread between servers to carry
+
+
 def test_cross_estimator_cancels_what_slows_both_servers_and_each_servers_own_speed():
     """Rates built from a true recording/paused factor of 0.98, server speeds 6,000 and 7,000
     tok/s and a host speed that wanders by up to +-30 % from window to window: every cross pair

@@ -9,11 +9,17 @@ servers running the same in-process code are pooled across calls::
 ``TAG:cross`` takes an overhead_cross call's cross pairs instead (``r37_probe:cross`` reads
 ``gpu_sglang_r37_probe_overhead_cross.json``): kinds measured on different server pairs, whose
 medians differ by more than one call's interval even for the same code (run h200-14).
+
+``ci95`` resamples pairs as if every pair were independent; ``ci95_by_server`` resamples the
+picks first (each a server or a server pair, with its own speed), then pairs within each, so it
+carries the spread between servers too: the interval to judge a target by.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -41,7 +47,19 @@ def pool(results: Path, picks: list[str]) -> dict:
         every += r
     out = analysis.bootstrap_ratio([1.0] * len(every), every)
     out.pop("launches", None)
-    return {**out, "pairs": len(every), "pairs_by_server": per}
+    groups = [pair_ratios(results, *pick.split(":", 1)) for pick in picks]
+    return {**out, "ci95_by_server": by_server_ci([g for g in groups if g]), "pairs": len(every),
+            "pairs_by_server": per}
+
+
+def by_server_ci(groups: list[list[float]], n: int = 4000, seed: int = 0) -> list[float] | None:
+    """95 % interval of the pooled median, resampling the groups, then the pairs inside each."""
+    if len(groups) < 2:
+        return None
+    rng = random.Random(seed)
+    draws = sorted(statistics.median([x for g in rng.choices(groups, k=len(groups)) for x in rng.choices(g, k=len(g))])
+                   for _ in range(n))
+    return [draws[int(0.025 * n)], draws[int(0.975 * n) - 1]]
 
 
 def main() -> None:

@@ -789,9 +789,9 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
     ``pin``: the scheduler process gets a physical core of the server CPUs to itself
     (:func:`probe_pause.control.pin_scheduler`), the same one for every server. ``hog``: a
     stopped :mod:`cpu_hog` process, run during the "recording" windows only. ``first_apart``: one
-    more pair first, reported as ``first_pair`` and not judged: a probe server's first recording
-    window after start-up lost ~1.2 s once in every 32B-class call (h200-14), which is not the
-    steady state."""
+    more pair first, reported as ``first_pair`` and not judged: the first server measured after
+    start-up compiles SGLang's kernels for new prefill shapes in it (one prefill of 1.8 s on the
+    32B-class config, h200-14), which is warm-up, not the probe."""
     pids = pause.scheduler_pids(srv.proc.pid)
     if not pids:
         return {"error": "no sglang::scheduler process"}

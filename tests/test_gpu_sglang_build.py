@@ -323,18 +323,20 @@ def test_two_passes_over_one_server_join_into_one_set_of_pairs():
 
 
 def test_a_servers_first_pair_is_kept_apart_from_the_judged_pairs():
-    """The first recording window after start-up is not the steady state (h200-14): with
-    ``apart`` the first two windows leave the pairs, and their rates and CPU come back apart."""
+    """The first windows after start-up are warm-up (SGLang compiling for new shapes, h200-14):
+    with ``apart`` the first two windows and their CPU entries leave the judged ones."""
     import device
 
     spans = [(True, 0.0, 1.0), (False, 1.0, 2.0), (False, 2.0, 3.0), (True, 3.0, 4.0)]
     cpu = [{"w": i} for i in range(4)]
-    rate = lambda t0, t1: 100.0 * (t0 + 1)  # noqa: E731
-    first, rest, rest_cpu = device.first_pair_apart(spans, cpu, True, rate)
-    assert first == {"recording": 100.0, "paused": 200.0, "cores_busy": [{"w": 0}, {"w": 1}]}
-    assert rest == spans[2:] and rest_cpu == cpu[2:]
-    assert device.first_pair_apart(spans, cpu, False, rate) == (None, spans, cpu)
-    assert device.first_pair_apart(spans[:1], cpu[:1], True, rate) == (None, spans[:1], cpu[:1])
+    head, rest, rest_cpu = device.first_pair_apart(spans, cpu, True)
+    assert head == (spans[:2], cpu[:2]) and rest == spans[2:] and rest_cpu == cpu[2:]
+    assert device.first_pair_apart(spans, cpu, False) == (None, spans, cpu)
+    assert device.first_pair_apart(spans[:1], cpu[:1], True) == (None, spans[:1], cpu[:1])
+    # two servers measured at once: two CPU entries per window
+    cpu2 = [{"w": i // 2, "server": i % 2} for i in range(8)]
+    head, rest, rest_cpu = device.first_pair_apart(spans, cpu2, True, per_window=2)
+    assert head == (spans[:2], cpu2[:4]) and rest_cpu == cpu2[4:]
 
 
 def test_in_process_ab_judge_pairs_adjacent_windows_per_server_and_overall():
@@ -638,6 +640,10 @@ def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
     got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]["r32"]
     assert got["elapsed_source"] == {"cross_0": "cuda_runtime"}
     assert got["probe_file"] == {"cross_0": "/tmp/probe_ref/sgl_probe/__init__.py"}
+    assert "first_pair_ratio" not in got
+    (tmp_path / "gpu_sglang_r32_overhead_cross.json").write_text(json.dumps(
+        {"tokens": 1024, "export": "probe", "cores_busy": cores, "verdict": verdict, "first_pair": {"ratio": 0.8}}))
+    assert summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]["r32"]["first_pair_ratio"] == 0.8
 
 
 @pytest.mark.parametrize("export, env, match", [("hog", {}, "not one of"), ("ref", {"GPU_BENCH_PROBE_REF": "absent"}, "no probe wheel")])

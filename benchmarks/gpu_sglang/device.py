@@ -828,8 +828,11 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
         samples = clocks.stop()
         load.stop()
         pause.set_recording(pids, True, srv.pause_dir)
-    first, spans, cpu = first_pair_apart(spans, cpu, first_apart, load.rate)
-    if first:
+    head, spans, cpu = first_pair_apart(spans, cpu, first_apart)
+    first = None
+    if head:
+        first = {("recording" if r else "paused"): load.rate(t0, t1) for r, t0, t1 in head[0]}
+        first["cores_busy"] = head[1]
         log(f"{srv.name} first pair (not judged): recording {first['recording']:.0f} "
             f"paused {first['paused']:.0f} tok/s")
     rec, paused = [], []
@@ -849,14 +852,13 @@ def ab_windows(srv: Server, pairs: int, conc: int, tokens: int, window_s: float,
             "gaps_s": {"recording": gaps[True], "paused": gaps[False]}, "p99_step_ms": _p99_ms(gaps[True], gaps[False])}
 
 
-def first_pair_apart(spans: list, cpu: list, apart: bool, rate) -> tuple[Optional[dict], list, list]:
-    """``spans`` (``(recording, t0, t1)`` per window) and ``cpu`` (one entry per window) without
-    their first pair when ``apart``, and that pair: its rates (``rate(t0, t1)``) and the two
-    windows' CPU use, or None."""
-    if not apart or len(spans) < 2:
-        return None, spans, cpu
-    first = {("recording" if r else "paused"): rate(t0, t1) for r, t0, t1 in spans[:2]}
-    return {**first, "cores_busy": cpu[:2]}, spans[2:], cpu[2:]
+def first_pair_apart(windows: list, cpu: list, apart: bool, per_window: int = 1) -> tuple[Optional[tuple], list, list]:
+    """``windows`` and ``cpu`` (``per_window`` entries per window) without their first pair when
+    ``apart``, and that pair's ``(windows, cpu)``, or None."""
+    if not apart or len(windows) < 2:
+        return None, windows, cpu
+    n = 2 * per_window
+    return (windows[:2], cpu[:n]), windows[2:], cpu[n:]
 
 
 def _p99_ms(recording: list, paused: list) -> dict:
@@ -1020,7 +1022,7 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
 
 
 def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, window_s: float,
-                     settle_s: float = 1.2, flip: bool = True) -> dict:
+                     settle_s: float = 1.2, flip: bool = True, first_apart: bool = False) -> dict:
     """Two probe servers of one wheel, both under a steady load at once; in each window one
     records and the other is paused, the next window the other way round (ABBA over pairs).
 
@@ -1035,7 +1037,9 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
     ``settle_s`` after each flip before a window opens: the drain resolves and exports a second's
     steps at a time (SGL_PROBE_DRAIN_S), so the first second after a server stops recording still
     exports what it recorded before. ``flip=False``: the control; both servers stay paused and the
-    windows are labelled as if they flipped, which shows the estimator's own spread and bias."""
+    windows are labelled as if they flipped, which shows the estimator's own spread and bias.
+    ``first_apart``: one more pair first, reported as ``first_pair`` and not judged (warm-up: see
+    :func:`ab_windows`)."""
     pids = {s.name: pause.scheduler_pids(s.proc.pid) for s in (a, b)}
     if not all(pids.values()):
         return {"error": "no sglang::scheduler process"}
@@ -1045,7 +1049,7 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
     windows: list = []  # (a records?, t0, t1)
     cpu: list = []
     try:
-        for i in range(pairs):
+        for i in range(pairs + first_apart):
             if late():
                 break
             for a_records in ((True, False) if i % 2 == 0 else (False, True)):
@@ -1064,10 +1068,15 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
             pause.set_recording(pids[s.name], True, s.pause_dir)
     rates = [{"a_records": r, "a": loads[a.name].rate(t0, t1), "b": loads[b.name].rate(t0, t1)}
              for r, t0, t1 in windows]
+    head, rates, cpu = first_pair_apart(rates, cpu, first_apart, per_window=2)
+    first = head and {"windows": head[0], "cores_busy": head[1], "ratio": (cross_ratios(head[0]) or [None])[0]}
+    if first:
+        log(f"cross first pair (not judged): -> {first['ratio']}")
     for i, (x, y) in enumerate(cross_pairs(rates)):
         log(f"cross pair {i}: a {x['a']:.0f}/{y['a']:.0f} b {x['b']:.0f}/{y['b']:.0f} tok/s "
             f"-> {cross_ratios([x, y])[0]:.4f}")
-    return {"servers": [a.name, b.name], "flip": flip, "settle_s": settle_s, "windows": rates, "cores_busy": cpu,
+    return {"servers": [a.name, b.name], "flip": flip, "settle_s": settle_s, "windows": rates, "first_pair": first,
+            "cores_busy": cpu,
             "load": "steady, both servers",
             "requests": {n: len(l.done) for n, l in loads.items()}, "request_errors": {n: l.errors for n, l in loads.items()}}
 
@@ -1146,7 +1155,7 @@ def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, co
             a.resume()
             b.resume()
             time.sleep(1.0)
-            res = results[export] = ab_cross_windows(a, b, pairs, conc, tokens, window_s)
+            res = results[export] = ab_cross_windows(a, b, pairs, conc, tokens, window_s, first_apart=True)
             if control_pairs:
                 res["control"] = ab_cross_windows(a, b, control_pairs, conc, tokens, window_s, flip=False)
             a.pause()

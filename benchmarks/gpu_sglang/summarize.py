@@ -113,6 +113,8 @@ def fold_overhead_cross(res: dict) -> dict:
            "control": (v.get("control") or {}).get("cross"),
            "received_spans": _probe_names(v.get("received_spans")),
            "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}
+    if (res.get("first_pair") or {}).get("ratio") is not None:  # warm-up, not judged (h200-14 on)
+        out["first_pair_ratio"] = res["first_pair"]["ratio"]
     cores = res.get("cores_busy") or []
     if cores:
         out["cores_busy_p50"] = _kind_medians(cores, ("scheduler", "exporter", "other"), lambda c, k: c[k])

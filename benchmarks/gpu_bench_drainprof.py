@@ -6,7 +6,8 @@ Two measurements of the same probe (CUDA timer, exporter process, OTLP to the re
   with the probe's own drain thread running at its default interval, as in a server; that thread's CPU time
   (its own clock) per step, and the loop's thread CPU per step; as scheduled, then with both
   threads on one CPU, then on two far-apart CPUs, then as scheduled again; as scheduled also with
-  torch's ``Event.elapsed_time`` for the GPU times instead of the runtime's (``runtime_elapsed``).
+  torch's ``Event.elapsed_time`` for the GPU times instead of the runtime's (``runtime_elapsed``),
+  and with the runtime's read made without releasing the GIL (``keeps_gil``).
 - ``stages``: one pass over recorded steps, on a thread named like the probe's (the drain
   thread's CUDA capture mode), each stage timed by thread CPU: completion check and resolving
   (``take_ready``), the summary, the link's pickling, the send; then the whole ``drain()`` over
@@ -43,13 +44,15 @@ def _decode_loop(env: Env, tag: str, probe_env: dict):
 
 
 def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = "",
-          runtime_elapsed: bool = True) -> dict:
+          runtime_elapsed: bool = True, keeps_gil: bool = False) -> dict:
     """``pin``: "" (as scheduled), ``same`` (the loop's thread and the drain thread on one CPU:
     the GIL runs one of them at a time anyway, and the records stay in that CPU's caches) or
     ``apart`` (the first and the last CPU of this process, on a large host likely far apart).
-    ``runtime_elapsed`` False: the drain reads GPU times with torch's ``Event.elapsed_time``."""
+    ``runtime_elapsed`` False: the drain reads GPU times with torch's ``Event.elapsed_time``;
+    ``keeps_gil``: the runtime's read without releasing the GIL."""
     probe, s, batch = _decode_loop(env, "dp_live", {**rcv_env, "SGL_PROBE_SUMMARY_S": "30"})
-    probe.recorder.ensure_timer().runtime_elapsed = runtime_elapsed  # before the drain thread's first pass
+    timer = probe.recorder.ensure_timer()
+    timer.runtime_elapsed, timer.elapsed_keeps_gil = runtime_elapsed, keeps_gil  # before the drain's first pass
     for _ in range(200):
         s.run_batch(batch)
     env.sync()
@@ -70,7 +73,7 @@ def _live(env: Env, rcv_env: dict, seconds: float, host_us: float, pin: str = ""
     d1, m1 = _thread_cpu_ns(drainer), time.thread_time_ns()
     if pin:
         os.sched_setaffinity(threading.get_native_id(), cpus)
-    out = {"steps": n, "host_us": host_us, "pin": pin or None, "runtime_elapsed": runtime_elapsed,
+    out = {"steps": n, "host_us": host_us, "pin": pin or None, "runtime_elapsed": runtime_elapsed, "keeps_gil": keeps_gil,
            "elapsed_source": getattr(probe.recorder.timer, "elapsed_source", None),
            "drain_thread_cpu_us_per_step": (d1 - d0) / n / 1e3,
            "loop_thread_cpu_us_per_step": (m1 - m0) / n / 1e3, "dropped": probe.pipeline.dropped_by()}
@@ -124,5 +127,6 @@ def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
 
 def section_drainprof(env: Env, rcv: gc.ReceiverProcess, steps: int = 3000) -> dict:
     return {"stages": _stages(env, rcv.env(), steps),
-            "live": [_live(env, rcv.env(), 6.0, 2000.0, pin, rt)
-                     for pin, rt in (("", True), ("", False), ("same", True), ("apart", True), ("", True), ("", False))]}
+            "live": [_live(env, rcv.env(), 6.0, 2000.0, pin, rt, gil)
+                     for pin, rt, gil in (("", True, False), ("", False, False), ("", True, True), ("same", True, False),
+                                          ("apart", True, False), ("", True, False), ("", False, False), ("", True, True))]}

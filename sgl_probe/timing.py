@@ -111,10 +111,12 @@ def _exchange_capture_mode(cudart: Any) -> Any:
     return fn
 
 
-def runtime_elapsed(cudart: Any, refused: Any) -> Any:
+def runtime_elapsed(cudart: Any, refused: Any, keep_gil: bool = False) -> Any:
     """``(start_event, end_event) -> ms`` through the runtime's ``cudaEventElapsedTime`` on the two
     torch events' handles; where the runtime refuses, ``refused(start_event, end_event, error)``
-    answers instead.
+    answers instead. ``keep_gil``: called without releasing the GIL (ctypes releases it around
+    every call otherwise, and a scheduler thread waiting for it takes it at each read: gpu_bench's
+    drainprof measured the drain thread's CPU per step up ~50 % with the release, run 20).
 
     Why not ``Event.elapsed_time``: torch asks both events ``cudaEventQuery`` and sets the device
     around the call, four more runtime calls per interval, made by the drain thread while it holds
@@ -123,9 +125,12 @@ def runtime_elapsed(cudart: Any, refused: Any) -> Any:
     ~13 µs more CPU per step than the CPU timer's (BENCHMARKS.md, run h200-13)."""
     import ctypes
 
-    fn = cudart.cudaEventElapsedTime
+    fn = library = cudart.cudaEventElapsedTime
     fn.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
+    if keep_gil:  # the same entry point, through a prototype that keeps the GIL
+        proto = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
+        fn = proto(ctypes.cast(library, ctypes.c_void_p).value)
     c_float, byref = ctypes.c_float, ctypes.byref
 
     def elapsed(start: Any, end: Any) -> float:
@@ -133,6 +138,8 @@ def runtime_elapsed(cudart: Any, refused: Any) -> Any:
         error = fn(byref(ms), start.cuda_event, end.cuda_event)
         return refused(start, end, error) if error else ms.value
 
+    elapsed.entry = fn  # type: ignore[attr-defined]  # what is called (tests look at its flags)
+    elapsed.library = library  # type: ignore[attr-defined]  # keeps the library's function alive
     return elapsed
 
 
@@ -202,9 +209,11 @@ class CudaTimer:
         self._prepared = threading.local()
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
         self.runtime_elapsed = True  # benchmarks switch it off to measure what it saves
+        self.elapsed_keeps_gil = False  # benchmarks switch it on (runtime_elapsed's keep_gil)
         self._elapsed_checks = self._ELAPSED_CHECKS
         # What the drain thread reads intervals with: "torch", or "cuda_runtime" once its checks
-        # passed (for benchmarks and tests to see which ran).
+        # passed ("cuda_runtime_gil" with elapsed_keeps_gil; for benchmarks and tests to see which
+        # ran).
         self.elapsed_source = "torch"
         self.fast_stream = False
         if self._stream_key is not None:
@@ -400,7 +409,8 @@ class CudaTimer:
                      why)
             return torch_elapsed(a, b) if ref is None else ref
 
-        fast = runtime_elapsed(cudart, lambda a, b, error: give_up(a, b, f"failed (error {error})"))
+        fast = runtime_elapsed(cudart, lambda a, b, error: give_up(a, b, f"failed (error {error})"),
+                               keep_gil=self.elapsed_keeps_gil)
 
         def checking(a: Any, b: Any) -> float:
             try:
@@ -415,7 +425,7 @@ class CudaTimer:
             self._elapsed_checks -= 1
             if self._elapsed_checks <= 0:
                 state.elapsed = fast
-                self.elapsed_source = "cuda_runtime"
+                self.elapsed_source = "cuda_runtime_gil" if self.elapsed_keeps_gil else "cuda_runtime"
             return ref
 
         return checking

@@ -347,12 +347,13 @@ class _FakeCudart:
         self.cudaEventElapsedTime = proto(elapsed)
 
 
-def _runtime_timer(skew: float = 0.0, error: int = 0):
+def _runtime_timer(skew: float = 0.0, error: int = 0, keep_gil: bool = False):
     from sgl_probe.timing import CudaTimer
 
     ft = _FakeTorch()
     timer = CudaTimer(ft)
     timer.relax_capture_mode = False
+    timer.elapsed_keeps_gil = keep_gil
     rt = _FakeCudart(ft)
     rt.skew, rt.error = skew, error
     timer._prepared.elapsed = timer.checked_elapsed(rt)  # as _prepare_thread does on the drain thread
@@ -371,10 +372,11 @@ def _phases(ft, timer, n: int, now: int = 10**12):
     return out
 
 
-def test_drain_reads_intervals_through_the_runtime_once_they_agree_with_torch():
+@pytest.mark.parametrize("keep_gil", [False, True])
+def test_drain_reads_intervals_through_the_runtime_once_they_agree_with_torch(keep_gil):
     from sgl_probe.timing import CudaTimer
 
-    ft, timer, rt = _runtime_timer()
+    ft, timer, rt = _runtime_timer(keep_gil=keep_gil)
     checks = CudaTimer._ELAPSED_CHECKS
     phases = _phases(ft, timer, checks + 10)
     got = [timer.interval(tok, end) for tok, end in phases]
@@ -384,7 +386,7 @@ def test_drain_reads_intervals_through_the_runtime_once_they_agree_with_torch():
     assert got == [ref.interval(tok, end) for tok, end in _phases(ref_ft, ref, checks + 10)]
     # The checked intervals asked both; after them the runtime alone answered.
     assert rt.calls == len(phases) and ft.torch_elapsed_calls == checks
-    assert timer.elapsed_source == "cuda_runtime"
+    assert timer.elapsed_source == ("cuda_runtime_gil" if keep_gil else "cuda_runtime")
     # A plain thread (tests, benchmarks calling drain()) never set up the runtime: torch's.
     import threading
 
@@ -730,3 +732,19 @@ def test_loop_steps_after_each_blocks_first():
     two_blocks = [9.0, 1.0, 1.0, 8.0, 2.0, 2.0]  # blocks of 3; each starts slow
     assert loops.after_first(two_blocks, 3) == [1.0, 1.0, 2.0, 2.0]
     assert loops.after_first([], 3) == []
+
+
+def test_the_runtime_read_keeps_the_gil_only_when_asked():
+    """ctypes releases the GIL around a call unless the prototype says otherwise (PYFUNCTYPE);
+    both reads call the library's own entry point."""
+    import ctypes
+
+    from sgl_probe.timing import runtime_elapsed
+
+    rt = _FakeCudart(_FakeTorch())
+    released = runtime_elapsed(rt, None)
+    kept = runtime_elapsed(rt, None, keep_gil=True)
+    pyapi = ctypes._FUNCFLAG_PYTHONAPI
+    assert not released.entry._flags_ & pyapi and kept.entry._flags_ & pyapi
+    address = ctypes.cast(rt.cudaEventElapsedTime, ctypes.c_void_p).value
+    assert ctypes.cast(kept.entry, ctypes.c_void_p).value == address

@@ -741,3 +741,11 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert Path(out.strip()).resolve() == (wheel / "sgl_probe" / "__init__.py").resolve()
+
+
+def test_the_gil_kind_is_the_probe_kind_plus_the_shims_switch():
+    import device
+
+    probe, gil = device.ab_env("probe", "127.0.0.1:1"), device.ab_env("gil", "127.0.0.1:1")
+    assert gil.pop("SGL_BENCH_KEEP_GIL") == "1" and gil.pop("OTEL_SERVICE_NAME") == "sglang-gil"
+    assert gil == {k: v for k, v in probe.items() if k != "OTEL_SERVICE_NAME"}

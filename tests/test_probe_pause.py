@@ -195,3 +195,22 @@ def test_pin_scheduler_moves_every_thread_of_the_group_by_role():
     finally:
         sched.kill()
         sched.wait()
+
+
+def test_keep_gil_switch_is_applied_once_and_the_drain_sets_up_again(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_KEEP_GIL=1 (overhead_cross's ``gil`` kind): the first flip turns the timer's
+    GIL-keeping read on and replaces its per-thread setup; without the variable nothing changes."""
+    import threading
+
+    prepared = threading.local()
+    timer = NS(elapsed_keeps_gil=False, _prepared=prepared, elapsed_source="cuda_runtime")
+    step = Hook(Target("step", (), "m", "S.run_batch", "step"))
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=timer)))
+    shim._flip(signal.SIGUSR2, None)
+    assert timer.elapsed_keeps_gil is False and timer._prepared is prepared
+    monkeypatch.setenv("SGL_BENCH_KEEP_GIL", "1")
+    shim._flip(signal.SIGUSR2, None)
+    assert timer.elapsed_keeps_gil is True and timer._prepared is not prepared
+    again = timer._prepared
+    shim._flip(signal.SIGUSR2, None)
+    assert timer._prepared is again  # once only

@@ -922,7 +922,9 @@ def ab_judge(windows: dict) -> dict:
 #: no CUDA event at all; with ``none`` it splits what recording costs between the GPU events and
 #: the export. ``drop``: the queue to the drain holds one step, so nearly every step is recorded
 #: (CUDA events included) and dropped at once: the hot path alone, nothing resolved or exported.
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop")
+#: ``gil``: as ``probe``, the drain reading GPU times without releasing the GIL (the pause shim
+#: switches ``CudaTimer.elapsed_keeps_gil`` on at its first flip, before any window).
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil")
 
 
 def ab_env(kind: str, endpoint: str) -> dict:
@@ -932,7 +934,8 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "none": {"SGL_PROBE_TRACE_DIR": ""},
             "cputimer": {**otlp, "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
             "ref": {**otlp, "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {},
-            "drop": {**otlp, "SGL_PROBE_MAX_PENDING": "1", "OTEL_SERVICE_NAME": "sglang-drop"}}[kind]
+            "drop": {**otlp, "SGL_PROBE_MAX_PENDING": "1", "OTEL_SERVICE_NAME": "sglang-drop"},
+            "gil": {**otlp, "SGL_BENCH_KEEP_GIL": "1", "OTEL_SERVICE_NAME": "sglang-gil"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

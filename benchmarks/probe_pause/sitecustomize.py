@@ -26,6 +26,10 @@ difference between two flips says how much of a recording window went there. The
 carries what the probe's CUDA timer reads GPU times with (``elapsed_source``; None before the
 first step or with the CPU timer), so a benchmark can see which read ran, and where the process
 imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
+
+``SGL_BENCH_KEEP_GIL=1``: at its first flip the shim switches the CUDA timer's
+``elapsed_keeps_gil`` on (the runtime's elapsed-time read without releasing the GIL) and makes the
+drain thread set up its read again, so a server measures that read from its first window.
 """
 
 import gc
@@ -33,6 +37,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 _GC = {"count": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
@@ -69,7 +74,9 @@ def _flip(signum, frame):
             for h in steps:
                 h.enabled = on
             state = "recording" if on else "paused"
-            source = getattr(getattr(getattr(probe, "recorder", None), "timer", None), "elapsed_source", None)
+            timer = getattr(getattr(probe, "recorder", None), "timer", None)
+            _keep_gil(timer)
+            source = getattr(timer, "elapsed_source", None)
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
@@ -78,6 +85,15 @@ def _flip(signum, frame):
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down
         sys.stderr.write("probe_pause: %r\n" % (exc,))
+
+
+def _keep_gil(timer):
+    if os.environ.get("SGL_BENCH_KEEP_GIL") != "1" or getattr(timer, "elapsed_keeps_gil", True):
+        return
+    timer.elapsed_keeps_gil = True
+    # Each drain thread sets its read up once, in this thread-local: a fresh one makes it do so
+    # again with the switch on (meanwhile it reads with torch's, as an unprepared thread does).
+    timer._prepared = threading.local()
 
 
 signal.signal(signal.SIGUSR2, _flip)

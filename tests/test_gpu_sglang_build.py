@@ -284,6 +284,7 @@ def test_overhead_ab_refuses_an_unknown_kind_of_probe_server_before_starting_any
 def test_overhead_ab_refuses_a_reference_server_without_a_reference_wheel(tmp_path: Path, monkeypatch):
     import device
 
+    monkeypatch.setenv("GPU_BENCH_PROBE", str(tmp_path))  # this wheel is there: only the reference is missing
     monkeypatch.setenv("GPU_BENCH_PROBE_REF", str(tmp_path / "absent"))
     with pytest.raises(ValueError, match="build.py --ref"):
         device.suite_overhead_ab(tmp_path, tmp_path, 1, exports=("probe", "ref"))

@@ -927,6 +927,18 @@ def ab_judge(windows: dict) -> dict:
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil")
 
 
+def kind_wheel(kind: str) -> Optional[str]:
+    """The folder holding the probe a server of ``kind`` (of :data:`AB_EXPORTS`) runs: the
+    reference wheel's for ``ref``, none for ``hog``, this wheel's otherwise. ValueError where that
+    wheel is not installed, so a suite refuses before it starts anything."""
+    if kind == "hog":
+        return None
+    folder = os.environ.get("GPU_BENCH_PROBE_REF" if kind == "ref" else "GPU_BENCH_PROBE", "")
+    if not folder or not Path(folder).is_dir():
+        raise ValueError(f"--ab-exports {kind}: no probe wheel installed for it (build.py; build.py --ref REV for ref)")
+    return folder
+
+
 def ab_env(kind: str, endpoint: str) -> dict:
     """The server env of one of :data:`AB_EXPORTS`."""
     otlp = otlp_env(endpoint)
@@ -957,9 +969,7 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
     unknown = set(exports) - set(AB_EXPORTS)
     if unknown:
         raise ValueError(f"--ab-exports: {sorted(unknown)} not in {AB_EXPORTS}")
-    wheels = {"ref": os.environ.get("GPU_BENCH_PROBE_REF")}
-    if "ref" in exports and not (wheels["ref"] and Path(wheels["ref"]).is_dir()):
-        raise ValueError("--ab-exports ref: no reference wheel installed (build.py --ref REV)")
+    wheels = {kind: kind_wheel(kind) for kind in ("probe", *exports)}
     received = str(out / "received_ab.jsonl")
     rec, endpoint = receiver(received)
     if model == "seed32b":
@@ -973,7 +983,7 @@ def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, wi
         names.reverse()
     kinds = [name.split("_")[1] for name in names]
     servers = [Server(name, 30300 + i, plain, out=out, env=env[kind], pausable=True,
-                      probe=None if kind == "hog" else wheels.get(kind) or os.environ["GPU_BENCH_PROBE"])
+                      probe=wheels[kind])
                for i, (name, kind) in enumerate(zip(names, kinds))]
     hogs: dict = {}
     if aa:
@@ -1130,15 +1140,12 @@ def suite_overhead_cross(carry: Path, out: Path, pairs: int, window_s: float, co
     for export in exports:
         if export not in kinds:
             raise ValueError(f"overhead_cross: --ab-exports {export!r} is not one of {kinds}")
-        probe = os.environ.get("GPU_BENCH_PROBE_REF" if export == "ref" else "GPU_BENCH_PROBE", "")
-        if not probe or not Path(probe).is_dir():
-            raise ValueError(f"overhead_cross: no probe wheel installed for {export!r} (build.py, --ref REV for ref)")
+    wheels = {export: kind_wheel(export) for export in exports}
     received = str(out / "received_cross.jsonl")
     rec, endpoint = receiver(received)
     plain = base_args(carry / "models/tiny-llama4-h256", mem=0.5, max_bs=16, level="warning", max_tokens=65536)
     pairs_of = {export: [Server(f"cross_{i}" if len(exports) == 1 else f"cross_{export}_{i}", 30350 + 2 * k + i,
-                                plain, out=out, env=ab_env(export, endpoint), pausable=True,
-                                probe=os.environ["GPU_BENCH_PROBE_REF" if export == "ref" else "GPU_BENCH_PROBE"])
+                                plain, out=out, env=ab_env(export, endpoint), pausable=True, probe=wheels[export])
                          for i in range(2)]
                 for k, export in enumerate(exports)}
     servers = [s for pair in pairs_of.values() for s in pair]

@@ -391,10 +391,9 @@ def to_attributes(fp: Mapping[str, Any]) -> dict[str, Any]:
     return attrs
 
 
-def text_lines(fp: Mapping[str, Any]) -> list[str]:
-    """The fingerprint for a terminal (``sgl-probe doctor``)."""
-    sg = fp.get("sglang") or {}
-    out = [f"sglang {sg.get('version') or '?'} from {sg.get('path') or '?'} ({sg.get('install')})"]
+def _code_lines(name: str, sg: Mapping[str, Any]) -> list[str]:
+    """One package's part of :func:`text_lines` (:func:`sglang_code`'s result for ``name``)."""
+    out = [f"{name} {sg.get('version') or '?'} from {sg.get('path') or '?'} ({sg.get('install')})"]
     if "patched" in sg:
         how = "every file hashed" if sg["hashed"] == sg["checked"] else f"{sg['hashed']} hashed"
         out.append(f"patched files (differ from the wheel's RECORD; {sg['checked']} checked, {how}): "
@@ -409,14 +408,14 @@ def text_lines(fp: Mapping[str, Any]) -> list[str]:
             out.append(f"{label}: " + ", ".join(sg[key]))
     for err in sg.get("errors") or ():
         out.append("! " + err)
-    probe = fp.get("sgl_probe") or {}
-    if probe:
-        line = f"sgl-probe {probe.get('version') or '?'} from {probe.get('path') or '?'} ({probe.get('install')})"
-        if probe.get("patched"):
-            line += "; patched: " + ", ".join(probe["patched"])
-        if probe.get("git_commit") is not None:
-            line += f"; git commit {probe['git_commit']}, modified: " + (", ".join(probe.get("git_modified") or []) or "none")
-        out.append(line)
+    return out
+
+
+def text_lines(fp: Mapping[str, Any]) -> list[str]:
+    """The fingerprint for a terminal (``sgl-probe doctor``)."""
+    out = _code_lines("sglang", fp.get("sglang") or {})
+    if fp.get("sgl_probe"):
+        out += _code_lines("sgl-probe", fp["sgl_probe"])
     gpus = fp.get("gpu_models") or []
     out.append(f"python {fp.get('python')}, torch {fp.get('torch') or '-'}, CUDA {fp.get('cuda') or '-'}, "
                f"NCCL {fp.get('nccl') or '-'}, driver {fp.get('driver') or '-'}, "

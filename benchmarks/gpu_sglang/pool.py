@@ -38,18 +38,12 @@ def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
 
 def pool(results: Path, picks: list[str]) -> dict:
     """``picks``: ``TAG:SERVER`` entries (e.g. ``r27:ab_probe_0``)."""
-    every: list[float] = []
-    per: dict = {}
-    for pick in picks:
-        tag, _, server = pick.partition(":")
-        r = pair_ratios(results, tag, server)
-        per[pick] = len(r)
-        every += r
+    groups = {pick: pair_ratios(results, *pick.partition(":")[::2]) for pick in picks}
+    every = [r for g in groups.values() for r in g]
     out = analysis.bootstrap_ratio([1.0] * len(every), every)
     out.pop("launches", None)
-    groups = [pair_ratios(results, *pick.split(":", 1)) for pick in picks]
-    return {**out, "ci95_by_server": by_server_ci([g for g in groups if g]), "pairs": len(every),
-            "pairs_by_server": per}
+    return {**out, "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
+            "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
 
 
 def by_server_ci(groups: list[list[float]], n: int = 4000, seed: int = 0) -> list[float] | None:

@@ -122,14 +122,12 @@ def fold_overhead_cross(res: dict) -> dict:
         per_step = cross_us_per_step(res)
         if per_step:
             out["scheduler_us_per_step_p50"] = per_step
-        # What each server's drain read GPU times with at its last flip (pause shim, h200-14 on).
-        last = {c["server"]: (c.get("gc_at_flip") or {}).get("elapsed_source") for c in cores}
-        if any(last.values()):
-            out["elapsed_source"] = last
-        # Where each server imported sgl_probe from (pause shim, h200-14 on): which wheel ran.
-        files = {c["server"]: (c.get("gc_at_flip") or {}).get("probe_file") for c in cores}
-        if any(files.values()):
-            out["probe_file"] = files
+        # At each server's last flip (pause shim, h200-14 on): what its drain read GPU times with,
+        # and where it imported sgl_probe from (which wheel ran).
+        for key in ("elapsed_source", "probe_file"):
+            last = {c["server"]: (c.get("gc_at_flip") or {}).get(key) for c in cores}
+            if any(last.values()):
+                out[key] = last
     return out
 
 

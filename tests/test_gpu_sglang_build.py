@@ -701,6 +701,30 @@ def test_cross_us_per_step_charges_the_collections_between_two_flips_to_the_firs
     assert "gc_recording" not in summarize.cross_us_per_step(res)
 
 
+def test_cross_us_per_step_takes_the_probes_own_time_between_two_flips_from_the_self_kinds_totals():
+    """The ``self`` kind's flips report (ns inside the wrappers, ns inside SGLang's functions,
+    calls). 10 s recording at 1,000 steps/s with 0.5 s inside the wrappers, 0.3 s of it in SGLang:
+    20 µs per step of the probe's own; then 10 s paused with 0.1 s of which 0.09 in SGLang: 1."""
+    import summarize
+
+    windows = [{"a_records": r, "a": 16000.0, "b": 16000.0} for r in (True, False, True)]
+
+    def row(recording, t, self_ns):
+        return {"server": "cross_0", "recording": recording,
+                "threads": {"main_cpu": 1.0, "main_asleep": 0.0, "others_cpu": 0.0},
+                "gc_at_flip": {"t": t, "seconds": [0.0] * 3, "count": [0] * 3, "self_ns": self_ns}}
+
+    res = {"servers": ["cross_0", "cross_1"], "windows": windows,
+           "cores_busy": [row(True, 0.0, [0, 0, 0]), row(False, 10.0, [5e8, 3e8, 30000]),
+                          row(True, 20.0, [6e8, 3.9e8, 60000])]}
+    got = summarize.cross_us_per_step(res)
+    assert got["probe_self_recording"] == pytest.approx(20) and got["probe_self_paused"] == pytest.approx(1)
+    assert got["hooked_calls_recording"] == pytest.approx(3)
+    for c in res["cores_busy"]:
+        c["gc_at_flip"]["self_ns"] = None  # any other kind
+    assert "probe_self_recording" not in summarize.cross_us_per_step(res)
+
+
 def test_overhead_cross_with_several_kinds_writes_one_result_file_per_kind(tmp_path: Path, monkeypatch):
     """``--ab-exports probe,drop``: each kind's result in its own tagged file, which the summary
     then keeps apart by tag and kind."""
@@ -744,9 +768,10 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
     assert Path(out.strip()).resolve() == (wheel / "sgl_probe" / "__init__.py").resolve()
 
 
-def test_the_gil_kind_is_the_probe_kind_plus_the_shims_switch():
+@pytest.mark.parametrize("kind, switch", [("gil", "SGL_BENCH_KEEP_GIL"), ("self", "SGL_BENCH_SELF_TIME")])
+def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switch):
     import device
 
-    probe, gil = device.ab_env("probe", "127.0.0.1:1"), device.ab_env("gil", "127.0.0.1:1")
-    assert gil.pop("SGL_BENCH_KEEP_GIL") == "1" and gil.pop("OTEL_SERVICE_NAME") == "sglang-gil"
-    assert gil == {k: v for k, v in probe.items() if k != "OTEL_SERVICE_NAME"}
+    probe, env = device.ab_env("probe", "127.0.0.1:1"), device.ab_env(kind, "127.0.0.1:1")
+    assert env.pop(switch) == "1" and env.pop("OTEL_SERVICE_NAME") == f"sglang-{kind}"
+    assert env == {k: v for k, v in probe.items() if k != "OTEL_SERVICE_NAME"}

@@ -214,3 +214,70 @@ def test_keep_gil_switch_is_applied_once_and_the_drain_sets_up_again(shim, monke
     again = timer._prepared
     shim._flip(signal.SIGUSR2, None)
     assert timer._prepared is again  # once only
+
+
+def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_SELF_TIME=1 (overhead_cross's ``self`` kind): from the first flip the real
+    probe's per-step wrappers are timed from outside and around the SGLang function they call;
+    outside minus inside is the probe's own time, which grows with a slower probe and not with a
+    slower SGLang, and uninstrument still puts every original back."""
+    sys.path.insert(0, str(PAUSE.parent))
+    try:
+        from sched_shape import install, table
+    finally:
+        sys.path.remove(str(PAUSE.parent))
+    from tests.workload import Batch, ForwardMode
+
+    for key, val in {"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
+                     "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": "1000000"}.items():
+        monkeypatch.setenv(key, val)
+    for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(key, raising=False)
+    from sgl_probe import config
+    from sgl_probe.activate import Probe
+
+    slow_sglang = [0.0]
+    Scheduler = install("probe_pause_self_workload", lambda: time.sleep(slow_sglang[0]))
+    probe = Probe(config.load(), targets=table("probe_pause_self_workload"))
+    probe.instrumentor.instrument()
+    originals = {(h.owner, h.attr): h.original for h in probe.instrumentor.hooks}
+    try:
+        monkeypatch.setattr(activate, "_PROBE", probe)
+        monkeypatch.setenv("SGL_BENCH_SELF_TIME", "1")
+        control = _load("control")
+        sched, batch = Scheduler(), Batch(ForwardMode.DECODE, 4)
+        shim._flip(signal.SIGUSR2, None)  # paused, layers on
+        shim._flip(signal.SIGUSR2, None)  # recording
+        layered = [h for h in probe.instrumentor.hooks if vars(h.owner)[h.attr].__name__ == "outside"]
+        assert {h.target.role for h in layered} == {"step", "phase", "graph"}  # not the wrapt ones
+
+        def self_us(n: int) -> tuple[float, float]:
+            before = shim._SELF[:]
+            for _ in range(n):
+                sched.run_batch(batch)
+            d = [a - b for a, b in zip(shim._SELF, before)]
+            return (d[0] - d[1]) / n / 1e3, d[2] / n
+
+        base, calls = self_us(200)
+        assert calls == len(layered)  # every per-step wrapper once per step
+        slow_sglang[0] = 0.002  # SGLang slower: the probe's own time must not follow it
+        slowed, _ = self_us(20)
+        assert slowed < base + 500
+        slow_sglang[0] = 0.0
+        real = probe.recorder.timer.start
+
+        def slow_start(now_ns):  # the probe slower by 1 ms a phase: its own time must show it
+            time.sleep(0.001)
+            return real(now_ns)
+
+        probe.recorder.timer.start = slow_start
+        slowed_probe, _ = self_us(20)
+        assert slowed_probe > base + 900
+        probe.recorder.timer.start = real
+        shim._flip(signal.SIGUSR2, None)
+        assert control.gc_stats(tmp_path, os.getpid())["self_ns"] == shim._SELF
+    finally:
+        probe.instrumentor.uninstrument()
+        if probe.pipeline is not None:
+            probe.pipeline.shutdown()
+    assert all(vars(owner)[attr] is orig for (owner, attr), orig in originals.items())

@@ -923,8 +923,10 @@ def ab_judge(windows: dict) -> dict:
 #: the export. ``drop``: the queue to the drain holds one step, so nearly every step is recorded
 #: (CUDA events included) and dropped at once: the hot path alone, nothing resolved or exported.
 #: ``gil``: as ``probe``, the drain reading GPU times without releasing the GIL (the pause shim
-#: switches ``CudaTimer.elapsed_keeps_gil`` on at its first flip, before any window).
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil")
+#: switches ``CudaTimer.elapsed_keeps_gil`` on at its first flip, before any window). ``self``: as
+#: ``probe``, with the pause shim timing the probe's per-step wrappers from inside (its own time
+#: on the scheduler thread per step, recording and paused: ``probe_self`` in the summary).
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -947,7 +949,8 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "cputimer": {**otlp, "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-cputimer"},
             "ref": {**otlp, "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {},
             "drop": {**otlp, "SGL_PROBE_MAX_PENDING": "1", "OTEL_SERVICE_NAME": "sglang-drop"},
-            "gil": {**otlp, "SGL_BENCH_KEEP_GIL": "1", "OTEL_SERVICE_NAME": "sglang-gil"}}[kind]
+            "gil": {**otlp, "SGL_BENCH_KEEP_GIL": "1", "OTEL_SERVICE_NAME": "sglang-gil"},
+            "self": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-self"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

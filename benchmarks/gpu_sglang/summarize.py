@@ -160,6 +160,9 @@ def cross_us_per_step(res: dict, batch: int = 16) -> dict:
                 gc_rows.append({"recording": c["recording"], **gc})
     if gc_rows:
         out.update(_kind_medians(gc_rows, ("gc", "gc_full_per_1000_steps"), lambda c, k: c[k]))
+        self_rows = [r for r in gc_rows if "probe_self" in r]
+        if self_rows:
+            out.update(_kind_medians(self_rows, ("probe_self", "hooked_calls"), lambda c, k: c[k]))
     return out
 
 
@@ -170,8 +173,14 @@ def _gc_per_step(g0: Optional[dict], g1: Optional[dict], steps_per_s: Optional[f
         return None
     dt = g1["t"] - g0["t"]
     seconds = sum(g1["seconds"]) - sum(g0["seconds"])
-    return {"gc": seconds / dt / steps_per_s * 1e6,
-            "gc_full_per_1000_steps": (g1["count"][2] - g0["count"][2]) / dt / steps_per_s * 1e3}
+    out = {"gc": seconds / dt / steps_per_s * 1e6,
+           "gc_full_per_1000_steps": (g1["count"][2] - g0["count"][2]) / dt / steps_per_s * 1e3}
+    s0, s1 = g0.get("self_ns"), g1.get("self_ns")
+    if s0 and s1:  # the ``self`` kind: the probe's own time inside its per-step wrappers
+        steps = dt * steps_per_s
+        out["probe_self"] = ((s1[0] - s0[0]) - (s1[1] - s0[1])) / steps / 1e3
+        out["hooked_calls"] = (s1[2] - s0[2]) / steps
+    return out
 
 
 def _kind_medians(cores_busy: list, keys: tuple, value) -> dict:

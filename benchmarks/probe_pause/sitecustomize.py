@@ -30,6 +30,15 @@ imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
 ``SGL_BENCH_KEEP_GIL=1``: at its first flip the shim switches the CUDA timer's
 ``elapsed_keeps_gil`` on (the runtime's elapsed-time read without releasing the GIL) and makes the
 drain thread set up its read again, so a server measures that read from its first window.
+
+``SGL_BENCH_SELF_TIME=1``: at its first flip the shim times the probe's per-step wrappers from
+inside the process. Each wrapper the probe put on a class gets a timing layer above it and one
+around the SGLang function it calls (the closure cell that holds it), and every flip writes the
+two running totals (``self_ns``: time inside the wrappers, time inside SGLang's functions, calls).
+Outside minus inside is the probe's own time on the scheduler thread, caches as they are in the
+real loop; recording minus paused is what recording adds. The layers cost the same in both
+states. This is the hot path, not what the probe's other threads take (their CPU is measured
+apart) nor what its code does to SGLang's caches afterwards.
 """
 
 import gc
@@ -42,6 +51,8 @@ import time
 
 _GC = {"count": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
 _GC_START = [0.0]
+#: Nanoseconds inside the probe's per-step wrappers, inside the functions they wrap, and calls.
+_SELF = [0, 0, 0]
 
 
 def _on_gc(phase, info):
@@ -76,11 +87,13 @@ def _flip(signum, frame):
             state = "recording" if on else "paused"
             timer = getattr(getattr(probe, "recorder", None), "timer", None)
             _keep_gil(timer)
+            _time_wrappers(probe)
             source = getattr(timer, "elapsed_source", None)
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
-                json.dump(dict(_GC, t=time.time(), elapsed_source=source, probe_file=probe_file), fh)
+                json.dump(dict(_GC, t=time.time(), elapsed_source=source, probe_file=probe_file,
+                               self_ns=list(_SELF) if _SELF_ON else None), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down
@@ -94,6 +107,49 @@ def _keep_gil(timer):
     # Each drain thread sets its read up once, in this thread-local: a fresh one makes it do so
     # again with the switch on (meanwhile it reads with torch's, as an unprepared thread does).
     timer._prepared = threading.local()
+
+
+_SELF_ON = []
+
+
+def _time_wrappers(probe):
+    if os.environ.get("SGL_BENCH_SELF_TIME") != "1" or _SELF_ON:
+        return
+    _SELF_ON.append(True)
+    for hook in probe.instrumentor.hooks:
+        owner, attr = hook.owner, hook.attr
+        fn = vars(owner).get(attr) if isinstance(owner, type) else None
+        cells = getattr(fn, "__closure__", None) or ()
+        cell = next((c for c in cells if c.cell_contents is hook.original), None)
+        if cell is None:  # not one of the per-step replacements (wrapt wrappers keep no cell)
+            continue
+        cell.cell_contents = _inside(hook.original)
+        outside = _outside(fn)
+        outside._self_sgl_probe_hook = hook  # uninstrument still puts the original back
+        setattr(owner, attr, outside)
+
+
+def _outside(fn, clock=time.perf_counter_ns, acc=_SELF):
+    def outside(*args, **kwargs):
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[0] += clock() - t0
+            acc[2] += 1
+
+    return outside
+
+
+def _inside(orig, clock=time.perf_counter_ns, acc=_SELF):
+    def inside(*args, **kwargs):
+        t0 = clock()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            acc[1] += clock() - t0
+
+    return inside
 
 
 signal.signal(signal.SIGUSR2, _flip)

@@ -768,10 +768,12 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
     assert Path(out.strip()).resolve() == (wheel / "sgl_probe" / "__init__.py").resolve()
 
 
-@pytest.mark.parametrize("kind, switch", [("gil", "SGL_BENCH_KEEP_GIL"), ("self", "SGL_BENCH_SELF_TIME")])
-def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switch):
+@pytest.mark.parametrize("kind, switches", [("gil", {"SGL_BENCH_KEEP_GIL": "1"}),
+                                             ("self", {"SGL_BENCH_SELF_TIME": "1"}),
+                                             ("selfcpu", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TIMER": "cpu"})])
+def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches):
     import device
 
     probe, env = device.ab_env("probe", "127.0.0.1:1"), device.ab_env(kind, "127.0.0.1:1")
-    assert env.pop(switch) == "1" and env.pop("OTEL_SERVICE_NAME") == f"sglang-{kind}"
+    assert {k: env.pop(k) for k in switches} == switches and env.pop("OTEL_SERVICE_NAME") == f"sglang-{kind}"
     assert env == {k: v for k, v in probe.items() if k != "OTEL_SERVICE_NAME"}

@@ -925,8 +925,9 @@ def ab_judge(windows: dict) -> dict:
 #: ``gil``: as ``probe``, the drain reading GPU times without releasing the GIL (the pause shim
 #: switches ``CudaTimer.elapsed_keeps_gil`` on at its first flip, before any window). ``self``: as
 #: ``probe``, with the pause shim timing the probe's per-step wrappers from inside (its own time
-#: on the scheduler thread per step, recording and paused: ``probe_self`` in the summary).
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self")
+#: on the scheduler thread per step, recording and paused: ``probe_self`` in the summary);
+#: ``selfcpu`` the same with the CPU timer (no CUDA call on the hot path: what is left is Python).
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -950,7 +951,8 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "ref": {**otlp, "OTEL_SERVICE_NAME": "sglang-ref"}, "hog": {},
             "drop": {**otlp, "SGL_PROBE_MAX_PENDING": "1", "OTEL_SERVICE_NAME": "sglang-drop"},
             "gil": {**otlp, "SGL_BENCH_KEEP_GIL": "1", "OTEL_SERVICE_NAME": "sglang-gil"},
-            "self": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-self"}}[kind]
+            "self": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-self"},
+            "selfcpu": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-selfcpu"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

@@ -18,6 +18,9 @@ launches.
 through the exporter process) and is paused and resumed in alternating load blocks of the same
 scheduler (``benchmarks/probe_pause/``, benchmark-only), so no launch-to-launch spread enters the
 ratio (recording / paused); ``--aa`` then flips a server without the probe, the method's control.
+``--self-time`` adds the probe's own time per scheduler step, timed inside the server by the pause
+shim (``SGL_BENCH_SELF_TIME``): its per-step wrappers from outside minus the SGLang functions they
+call, per block, recording and paused.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from tests.harness.server import SGLangServer  # noqa: E402
 from tests.harness.venv import HARNESS_DIR, ensure_venv  # noqa: E402
 from gpu_common import bootstrap_median_ci  # noqa: E402  (stdlib only)
 from tests.harness.wheel import build_wheel, install_wheel  # noqa: E402
-from probe_pause.control import HERE as PAUSE_DIR, scheduler_pids, set_recording  # noqa: E402
+from probe_pause.control import HERE as PAUSE_DIR, gc_stats, scheduler_pids, set_recording  # noqa: E402
 
 PROMPTS = ["hello world the quick", "once upon a time there", "brown fox jumps over lazy",
            "speculative decoding scheduler", "tensor parallel request", "the tiny random model said",
@@ -62,12 +65,41 @@ def block(server: SGLangServer, other: SGLangServer, new_tokens: int) -> float:
     return rate(server, new_tokens)
 
 
-def in_process(venv, model, aa: bool, pairs: int, tokens: int, export: bool = True) -> tuple[list, list, list, dict]:
+def _self_us(before: dict, after: dict) -> tuple[float, float] | None:
+    """(µs of the probe's own per scheduler step, steps) between two flips' ``self_ns`` totals."""
+    a, b = (before or {}).get("self_ns"), (after or {}).get("self_ns")
+    if not a or not b or b[3] <= a[3]:
+        return None
+    return ((b[0] - a[0]) - (b[1] - a[1])) / (b[3] - a[3]) / 1e3, b[3] - a[3]
+
+
+def self_table(flips: list) -> dict:
+    """The probe's own µs per step in each segment between two flips, by the segment's state:
+    median and 95 % interval over segments, and recording minus paused (medians)."""
+    own: dict = {True: [], False: []}
+    for (state, g0), (_, g1) in zip(flips, flips[1:]):
+        got = _self_us(g0, g1)
+        if got is not None:
+            own[state].append(got[0])
+    out: dict = {}
+    for state, name in ((True, "recording"), (False, "paused")):
+        if own[state]:
+            med, lo, hi = bootstrap_median_ci(own[state])
+            out[name] = {"median": med, "ci95": [lo, hi], "segments": len(own[state])}
+    if own[True] and own[False]:
+        out["recording_minus_paused"] = out["recording"]["median"] - out["paused"]["median"]
+    return out
+
+
+def in_process(venv, model, aa: bool, pairs: int, tokens: int, export: bool = True,
+               self_time: bool = False) -> tuple[list, list, list, dict]:
     """One server, the probe recording and paused in alternating blocks (ABBA order)."""
     import tempfile
 
     states, traces = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
     env = {"SGL_PROBE": "0" if aa else "1", "PYTHONPATH": str(PAUSE_DIR), "SGL_BENCH_PAUSE_DIR": str(states)}
+    if self_time:
+        env["SGL_BENCH_SELF_TIME"] = "1"
     if export:
         env["SGL_PROBE_TRACE_DIR"] = str(traces)
     srv = SGLangServer(venv, model, env=env, extra_args=("--dtype", "float32", "--disable-radix-cache"))
@@ -78,18 +110,28 @@ def in_process(venv, model, aa: bool, pairs: int, tokens: int, export: bool = Tr
         for _ in range(2):
             rate(srv, tokens)
         ratios, on, off = [], [], []
+        flips: list = []  # (state after the flip, the shim's totals at it): segments of one state
+        state = None
         for i in range(pairs):
             got = {}
             for recording in ((True, False) if i % 2 == 0 else (False, True)):
                 set_recording(pids, recording, states)
+                if recording != state:
+                    state = recording
+                    flips.append((recording, gc_stats(states, pids[0])))
                 time.sleep(0.3)  # the drain and exporter catch up with the previous block
                 got[recording] = rate(srv, tokens)
             on.append(got[True])
             off.append(got[False])
             ratios.append(got[True] / got[False])
+        set_recording(pids, not state, states)  # closes the last segment
+        flips.append((not state, gc_stats(states, pids[0])))
         set_recording(pids, True, states)
-    return ratios, on, off, {"schedulers": len(pids), "export": "trace_dir" if export else "none (summary line)",
-                             "trace_bytes": sum(f.stat().st_size for f in traces.glob("*.jsonl"))}
+    extra = {"schedulers": len(pids), "export": "trace_dir" if export else "none (summary line)",
+             "trace_bytes": sum(f.stat().st_size for f in traces.glob("*.jsonl"))}
+    if self_time:
+        extra["probe_self_us_per_step"] = self_table(flips)
+    return ratios, on, off, extra
 
 
 def one_launch(venv, model, aa: bool, pairs: int, tokens: int, probe_first: bool) -> tuple[list, list, list]:
@@ -132,13 +174,15 @@ def main() -> int:
                     help="one server, the probe recording / paused in alternating blocks (see above)")
     ap.add_argument("--no-export", action="store_true",
                     help="with --in-process: no trace dir, the summary line only")
+    ap.add_argument("--self-time", action="store_true",
+                    help="with --in-process: also the probe's own time per step, timed inside the server")
     args = ap.parse_args()
     venv = ensure_venv("0.5.23")
     install_wheel(venv, build_wheel(HARNESS_DIR / "bench-wheel"))
     model = ensure_tiny_model(venv)
     if args.in_process:
         ratios, tps_on, tps_off, extra = in_process(venv, model, args.aa, args.pairs, args.tokens,
-                                                   export=not args.no_export)
+                                                   export=not args.no_export, self_time=args.self_time)
         med, lo, hi = bootstrap_median_ci(ratios)
         out = {"mode": "in_process", "pairs": args.pairs, "tokens_per_request": args.tokens,
                "requests_per_block": len(PROMPTS), "tps_recording_median": statistics.median(tps_on),
@@ -147,6 +191,8 @@ def main() -> int:
                "date": time.strftime("%Y-%m-%d"), **extra}
         print(f"tokens/s recording {out['tps_recording_median']:.0f}, paused {out['tps_paused_median']:.0f}; "
               f"paired ratio {med:.4f} (95% CI {lo:.4f}-{hi:.4f}; target >= 0.99)")
+        if "probe_self_us_per_step" in extra:
+            print("probe's own time per step (µs):", json.dumps(extra["probe_self_us_per_step"]))
         if args.json:
             args.json.write_text(json.dumps(out, indent=1))
         return 0

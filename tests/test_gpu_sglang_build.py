@@ -720,6 +720,10 @@ def test_cross_us_per_step_takes_the_probes_own_time_between_two_flips_from_the_
     got = summarize.cross_us_per_step(res)
     assert got["probe_self_recording"] == pytest.approx(20) and got["probe_self_paused"] == pytest.approx(1)
     assert got["hooked_calls_recording"] == pytest.approx(3)
+    # Where the shim counts steps, its count wins over the token rate: half the steps, twice the time.
+    for c, steps in zip(res["cores_busy"], (0, 5000, 10000)):
+        c["gc_at_flip"]["self_ns"].append(steps)
+    assert summarize.cross_us_per_step(res)["probe_self_recording"] == pytest.approx(40)
     for c in res["cores_busy"]:
         c["gc_at_flip"]["self_ns"] = None  # any other kind
     assert "probe_self_recording" not in summarize.cross_us_per_step(res)

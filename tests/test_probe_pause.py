@@ -256,6 +256,7 @@ def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monke
             for _ in range(n):
                 sched.run_batch(batch)
             d = [a - b for a, b in zip(shim._SELF, before)]
+            assert d[3] == n  # steps counted
             return (d[0] - d[1]) / n / 1e3, d[2] / n
 
         base, calls = self_us(200)
@@ -281,3 +282,29 @@ def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monke
         if probe.pipeline is not None:
             probe.pipeline.shutdown()
     assert all(vars(owner)[attr] is orig for (owner, attr), orig in originals.items())
+
+
+def test_cpu_server_self_time_takes_each_segment_between_two_flips_by_its_state():
+    """``cpu_server_overhead.py --in-process --self-time``: the shim's totals at each flip close a
+    segment of one state (a segment may hold two load blocks: ABBA repeats a state at a pair's
+    edge); a segment without totals (before the first flip) or without steps is left out."""
+    spec = importlib.util.spec_from_file_location("cpu_server_overhead", PAUSE.parent / "cpu_server_overhead.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(PAUSE.parent))  # as when run as a script: its folder first
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(PAUSE.parent))
+
+    def at(outside, inside, steps):
+        return {"self_ns": [outside, inside, 3 * steps, steps]}
+
+    flips = [(True, None),                       # never flipped: no totals yet
+             (False, at(0, 0, 0)),               # paused: 1,000 steps, 6 µs each
+             (True, at(8e6, 2e6, 1000)),         # recording: 2,000 steps, 22 µs each
+             (False, at(8e6 + 5.2e7, 2e6 + 8e6, 3000)),
+             (True, at(6e7, 1e7, 3000))]         # no step in between: left out
+    got = mod.self_table(flips)
+    assert got["paused"]["median"] == pytest.approx(6) and got["paused"]["segments"] == 1
+    assert got["recording"]["median"] == pytest.approx(22) and got["recording"]["segments"] == 1
+    assert got["recording_minus_paused"] == pytest.approx(16)

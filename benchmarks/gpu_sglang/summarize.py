@@ -177,7 +177,9 @@ def _gc_per_step(g0: Optional[dict], g1: Optional[dict], steps_per_s: Optional[f
            "gc_full_per_1000_steps": (g1["count"][2] - g0["count"][2]) / dt / steps_per_s * 1e3}
     s0, s1 = g0.get("self_ns"), g1.get("self_ns")
     if s0 and s1:  # the ``self`` kind: the probe's own time inside its per-step wrappers
-        steps = dt * steps_per_s
+        # Scheduler steps counted by the shim where it counts them, else from the token rate.
+        counted = s1[3] - s0[3] if len(s0) > 3 and len(s1) > 3 else 0
+        steps = counted or dt * steps_per_s
         out["probe_self"] = ((s1[0] - s0[0]) - (s1[1] - s0[1])) / steps / 1e3
         out["hooked_calls"] = (s1[2] - s0[2]) / steps
     return out

@@ -34,7 +34,7 @@ drain thread set up its read again, so a server measures that read from its firs
 ``SGL_BENCH_SELF_TIME=1``: at its first flip the shim times the probe's per-step wrappers from
 inside the process. Each wrapper the probe put on a class gets a timing layer above it and one
 around the SGLang function it calls (the closure cell that holds it), and every flip writes the
-two running totals (``self_ns``: time inside the wrappers, time inside SGLang's functions, calls).
+running totals (``self_ns``: ns inside the wrappers, ns inside SGLang's functions, calls, steps).
 Outside minus inside is the probe's own time on the scheduler thread, caches as they are in the
 real loop; recording minus paused is what recording adds. The layers cost the same in both
 states. This is the hot path, not what the probe's other threads take (their CPU is measured
@@ -51,8 +51,9 @@ import time
 
 _GC = {"count": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
 _GC_START = [0.0]
-#: Nanoseconds inside the probe's per-step wrappers, inside the functions they wrap, and calls.
-_SELF = [0, 0, 0]
+#: Nanoseconds inside the probe's per-step wrappers, inside the functions they wrap; calls; steps
+#: (calls of the step wrapper).
+_SELF = [0, 0, 0, 0]
 
 
 def _on_gc(phase, info):
@@ -125,14 +126,14 @@ def _time_wrappers(probe):
             if cell is None:  # not one of the per-step replacements (wrapt wrappers keep no cell)
                 continue
             cell.cell_contents = _inside(hook.original)
-            outside = _outside(fn)
+            outside = _outside(fn, hook.target.role == "step")
             outside._self_sgl_probe_hook = hook  # uninstrument still puts the original back
             setattr(owner, attr, outside)
         except Exception as exc:  # that wrapper stays untimed; the flip itself must still answer
             sys.stderr.write("probe_pause: not timing %s: %r\n" % (getattr(hook.target, "name", "?"), exc))
 
 
-def _outside(fn, clock=time.perf_counter_ns, acc=_SELF):
+def _outside(fn, step, clock=time.perf_counter_ns, acc=_SELF):
     def outside(*args, **kwargs):
         t0 = clock()
         try:
@@ -140,6 +141,7 @@ def _outside(fn, clock=time.perf_counter_ns, acc=_SELF):
         finally:
             acc[0] += clock() - t0
             acc[2] += 1
+            acc[3] += step
 
     return outside
 

@@ -75,12 +75,19 @@ def _self_us(before: dict, after: dict) -> tuple[float, float] | None:
 
 def self_table(flips: list) -> dict:
     """The probe's own µs per step in each segment between two flips, by the segment's state:
-    median and 95 % interval over segments, and recording minus paused (medians)."""
+    median and 95 % interval over segments, and recording minus paused (medians); ``by_target``:
+    each wrapper's own µs per step (medians over segments), recording and paused."""
     own: dict = {True: [], False: []}
+    by: dict = {}
     for (state, g0), (_, g1) in zip(flips, flips[1:]):
         got = _self_us(g0, g1)
-        if got is not None:
-            own[state].append(got[0])
+        if got is None:
+            continue
+        own[state].append(got[0])
+        t0, t1 = (g0.get("self_by_target") or {}), (g1.get("self_by_target") or {})
+        for name, (o1, i1, _) in t1.items():
+            o0, i0, _ = t0.get(name, (0, 0, 0))
+            by.setdefault(name, {True: [], False: []})[state].append(((o1 - o0) - (i1 - i0)) / got[1] / 1e3)
     out: dict = {}
     for state, name in ((True, "recording"), (False, "paused")):
         if own[state]:
@@ -88,6 +95,9 @@ def self_table(flips: list) -> dict:
             out[name] = {"median": med, "ci95": [lo, hi], "segments": len(own[state])}
     if own[True] and own[False]:
         out["recording_minus_paused"] = out["recording"]["median"] - out["paused"]["median"]
+    # Wrappers this load never called (another version's or another role's) are left out.
+    out["by_target"] = {name: {("recording" if st else "paused"): statistics.median(v) for st, v in got.items() if v}
+                        for name, got in by.items() if any(x for v in got.values() for x in v)}
     return out
 
 

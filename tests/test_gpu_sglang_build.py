@@ -720,6 +720,12 @@ def test_cross_us_per_step_takes_the_probes_own_time_between_two_flips_from_the_
     got = summarize.cross_us_per_step(res)
     assert got["probe_self_recording"] == pytest.approx(20) and got["probe_self_paused"] == pytest.approx(1)
     assert got["hooked_calls_recording"] == pytest.approx(3)
+    # Per target, where the shim reports it: one wrapper with all of it, one never called.
+    for c, (o, i, n) in zip(res["cores_busy"], ((0, 0, 0), (5e8, 3e8, 10000), (6e8, 3.9e8, 20000))):
+        c["gc_at_flip"]["self_by_target"] = {"step": [o, i, n], "graph": [0, 0, 0]}
+    got = summarize.cross_us_per_step(res)
+    assert got["probe_self:step_recording"] == pytest.approx(20) and got["probe_self:step_paused"] == pytest.approx(1)
+    assert not any(k.startswith("probe_self:graph") for k in got)
     # Where the shim counts steps, its count wins over the token rate: half the steps, twice the time.
     for c, steps in zip(res["cores_busy"], (0, 5000, 10000)):
         c["gc_at_flip"]["self_ns"].append(steps)

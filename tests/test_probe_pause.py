@@ -276,7 +276,12 @@ def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monke
         assert slowed_probe > base + 900
         probe.recorder.timer.start = real
         shim._flip(signal.SIGUSR2, None)
-        assert control.gc_stats(tmp_path, os.getpid())["self_ns"] == shim._SELF
+        flip = control.gc_stats(tmp_path, os.getpid())
+        assert flip["self_ns"] == shim._SELF
+        # Per target: the three wrappers' own times add up to the total.
+        by = flip["self_by_target"]
+        assert {h.target.name for h in layered} == set(by)
+        assert sum(o - i for o, i, _ in by.values()) == shim._SELF[0] - shim._SELF[1]
     finally:
         probe.instrumentor.uninstrument()
         if probe.pipeline is not None:
@@ -296,8 +301,9 @@ def test_cpu_server_self_time_takes_each_segment_between_two_flips_by_its_state(
     finally:
         sys.path.remove(str(PAUSE.parent))
 
-    def at(outside, inside, steps):
-        return {"self_ns": [outside, inside, 3 * steps, steps]}
+    def at(outside, inside, steps):  # all of it in one wrapper, "step"; "graph" never called
+        return {"self_ns": [outside, inside, 3 * steps, steps],
+                "self_by_target": {"step": [outside, inside, steps], "graph": [0, 0, 0]}}
 
     flips = [(True, None),                       # never flipped: no totals yet
              (False, at(0, 0, 0)),               # paused: 1,000 steps, 6 µs each
@@ -308,3 +314,4 @@ def test_cpu_server_self_time_takes_each_segment_between_two_flips_by_its_state(
     assert got["paused"]["median"] == pytest.approx(6) and got["paused"]["segments"] == 1
     assert got["recording"]["median"] == pytest.approx(22) and got["recording"]["segments"] == 1
     assert got["recording_minus_paused"] == pytest.approx(16)
+    assert got["by_target"] == {"step": {"recording": pytest.approx(22), "paused": pytest.approx(6)}}

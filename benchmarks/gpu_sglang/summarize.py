@@ -162,7 +162,9 @@ def cross_us_per_step(res: dict, batch: int = 16) -> dict:
         out.update(_kind_medians(gc_rows, ("gc", "gc_full_per_1000_steps"), lambda c, k: c[k]))
         self_rows = [r for r in gc_rows if "probe_self" in r]
         if self_rows:
-            out.update(_kind_medians(self_rows, ("probe_self", "hooked_calls"), lambda c, k: c[k]))
+            targets = sorted({k for r in self_rows for k in r if k.startswith("probe_self:")})
+            for key in ("probe_self", "hooked_calls", *targets):
+                out.update(_kind_medians([r for r in self_rows if key in r], (key,), lambda c, k: c[k]))
     return out
 
 
@@ -182,6 +184,11 @@ def _gc_per_step(g0: Optional[dict], g1: Optional[dict], steps_per_s: Optional[f
         steps = counted or dt * steps_per_s
         out["probe_self"] = ((s1[0] - s0[0]) - (s1[1] - s0[1])) / steps / 1e3
         out["hooked_calls"] = (s1[2] - s0[2]) / steps
+        t0 = g0.get("self_by_target") or {}
+        for name, (o1, i1, calls) in (g1.get("self_by_target") or {}).items():
+            o0, i0, c0 = t0.get(name, (0, 0, 0))
+            if calls > c0:  # a wrapper this window called
+                out["probe_self:" + name] = ((o1 - o0) - (i1 - i0)) / steps / 1e3
     return out
 
 

@@ -34,7 +34,8 @@ drain thread set up its read again, so a server measures that read from its firs
 ``SGL_BENCH_SELF_TIME=1``: at its first flip the shim times the probe's per-step wrappers from
 inside the process. Each wrapper the probe put on a class gets a timing layer above it and one
 around the SGLang function it calls (the closure cell that holds it), and every flip writes the
-running totals (``self_ns``: ns inside the wrappers, ns inside SGLang's functions, calls, steps).
+running totals (``self_ns``: ns inside the wrappers, ns inside SGLang's functions, calls, steps;
+``self_by_target``: the first three per wrapped function, by the table's target name).
 Outside minus inside is the probe's own time on the scheduler thread, caches as they are in the
 real loop; recording minus paused is what recording adds. The layers cost the same in both
 states. This is the hot path, not what the probe's other threads take (their CPU is measured
@@ -54,6 +55,8 @@ _GC_START = [0.0]
 #: Nanoseconds inside the probe's per-step wrappers, inside the functions they wrap; calls; steps
 #: (calls of the step wrapper).
 _SELF = [0, 0, 0, 0]
+#: The same per target: name -> [ns inside the wrapper, ns inside the function it wraps, calls].
+_BY = {}
 
 
 def _on_gc(phase, info):
@@ -94,7 +97,8 @@ def _flip(signum, frame):
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
                 json.dump(dict(_GC, t=time.time(), elapsed_source=source, probe_file=probe_file,
-                               self_ns=list(_SELF) if _SELF_ON else None), fh)
+                               self_ns=list(_SELF) if _SELF_ON else None,
+                               self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down
@@ -125,34 +129,40 @@ def _time_wrappers(probe):
             cell = next((c for c in cells if c.cell_contents is hook.original), None)
             if cell is None:  # not one of the per-step replacements (wrapt wrappers keep no cell)
                 continue
-            cell.cell_contents = _inside(hook.original)
-            outside = _outside(fn, hook.target.role == "step")
+            mine = _BY.setdefault(hook.target.name, [0, 0, 0])
+            cell.cell_contents = _inside(hook.original, mine)
+            outside = _outside(fn, hook.target.role == "step", mine)
             outside._self_sgl_probe_hook = hook  # uninstrument still puts the original back
             setattr(owner, attr, outside)
         except Exception as exc:  # that wrapper stays untimed; the flip itself must still answer
             sys.stderr.write("probe_pause: not timing %s: %r\n" % (getattr(hook.target, "name", "?"), exc))
 
 
-def _outside(fn, step, clock=time.perf_counter_ns, acc=_SELF):
+def _outside(fn, step, mine, clock=time.perf_counter_ns, acc=_SELF):
     def outside(*args, **kwargs):
         t0 = clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            acc[0] += clock() - t0
+            d = clock() - t0
+            acc[0] += d
             acc[2] += 1
             acc[3] += step
+            mine[0] += d
+            mine[2] += 1
 
     return outside
 
 
-def _inside(orig, clock=time.perf_counter_ns, acc=_SELF):
+def _inside(orig, mine, clock=time.perf_counter_ns, acc=_SELF):
     def inside(*args, **kwargs):
         t0 = clock()
         try:
             return orig(*args, **kwargs)
         finally:
-            acc[1] += clock() - t0
+            d = clock() - t0
+            acc[1] += d
+            mine[1] += d
 
     return inside
 

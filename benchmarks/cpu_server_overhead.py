@@ -40,7 +40,7 @@ from tests.harness.server import SGLangServer  # noqa: E402
 from tests.harness.venv import HARNESS_DIR, ensure_venv  # noqa: E402
 from gpu_common import bootstrap_median_ci  # noqa: E402  (stdlib only)
 from tests.harness.wheel import build_wheel, install_wheel  # noqa: E402
-from probe_pause.control import HERE as PAUSE_DIR, gc_stats, scheduler_pids, set_recording  # noqa: E402
+from probe_pause.control import HERE as PAUSE_DIR, gc_stats, own_time, scheduler_pids, set_recording  # noqa: E402
 
 PROMPTS = ["hello world the quick", "once upon a time there", "brown fox jumps over lazy",
            "speculative decoding scheduler", "tensor parallel request", "the tiny random model said",
@@ -65,14 +65,6 @@ def block(server: SGLangServer, other: SGLangServer, new_tokens: int) -> float:
     return rate(server, new_tokens)
 
 
-def _self_us(before: dict, after: dict) -> tuple[float, float] | None:
-    """(µs of the probe's own per scheduler step, steps) between two flips' ``self_ns`` totals."""
-    a, b = (before or {}).get("self_ns"), (after or {}).get("self_ns")
-    if not a or not b or b[3] <= a[3]:
-        return None
-    return ((b[0] - a[0]) - (b[1] - a[1])) / (b[3] - a[3]) / 1e3, b[3] - a[3]
-
-
 def self_table(flips: list) -> dict:
     """The probe's own µs per step in each segment between two flips, by the segment's state:
     median and 95 % interval over segments, and recording minus paused (medians); ``by_target``:
@@ -80,14 +72,13 @@ def self_table(flips: list) -> dict:
     own: dict = {True: [], False: []}
     by: dict = {}
     for (state, g0), (_, g1) in zip(flips, flips[1:]):
-        got = _self_us(g0, g1)
+        got = own_time(g0, g1)
         if got is None:
             continue
-        own[state].append(got[0])
-        t0, t1 = (g0.get("self_by_target") or {}), (g1.get("self_by_target") or {})
-        for name, (o1, i1, _) in t1.items():
-            o0, i0, _ = t0.get(name, (0, 0, 0))
-            by.setdefault(name, {True: [], False: []})[state].append(((o1 - o0) - (i1 - i0)) / got[1] / 1e3)
+        own[state].append(got["probe_self"])
+        for key, us in got.items():
+            if key.startswith("probe_self:"):
+                by.setdefault(key.split(":", 1)[1], {True: [], False: []})[state].append(us)
     out: dict = {}
     for state, name in ((True, "recording"), (False, "paused")):
         if own[state]:
@@ -95,9 +86,9 @@ def self_table(flips: list) -> dict:
             out[name] = {"median": med, "ci95": [lo, hi], "segments": len(own[state])}
     if own[True] and own[False]:
         out["recording_minus_paused"] = out["recording"]["median"] - out["paused"]["median"]
-    # Wrappers this load never called (another version's or another role's) are left out.
+    # Wrappers this load never called (another version's or another role's) are not in ``by``.
     out["by_target"] = {name: {("recording" if st else "paused"): statistics.median(v) for st, v in got.items() if v}
-                        for name, got in by.items() if any(x for v in got.values() for x in v)}
+                        for name, got in by.items()}
     return out
 
 

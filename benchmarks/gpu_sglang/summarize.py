@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from probe_pause import control as pause  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -177,18 +180,10 @@ def _gc_per_step(g0: Optional[dict], g1: Optional[dict], steps_per_s: Optional[f
     seconds = sum(g1["seconds"]) - sum(g0["seconds"])
     out = {"gc": seconds / dt / steps_per_s * 1e6,
            "gc_full_per_1000_steps": (g1["count"][2] - g0["count"][2]) / dt / steps_per_s * 1e3}
-    s0, s1 = g0.get("self_ns"), g1.get("self_ns")
-    if s0 and s1:  # the ``self`` kind: the probe's own time inside its per-step wrappers
-        # Scheduler steps counted by the shim where it counts them, else from the token rate.
-        counted = s1[3] - s0[3] if len(s0) > 3 and len(s1) > 3 else 0
-        steps = counted or dt * steps_per_s
-        out["probe_self"] = ((s1[0] - s0[0]) - (s1[1] - s0[1])) / steps / 1e3
-        out["hooked_calls"] = (s1[2] - s0[2]) / steps
-        t0 = g0.get("self_by_target") or {}
-        for name, (o1, i1, calls) in (g1.get("self_by_target") or {}).items():
-            o0, i0, c0 = t0.get(name, (0, 0, 0))
-            if calls > c0:  # a wrapper this window called
-                out["probe_self:" + name] = ((o1 - o0) - (i1 - i0)) / steps / 1e3
+    own = pause.own_time(g0, g1, dt * steps_per_s)  # the ``self`` kinds: the probe's own time
+    if own:
+        del own["steps"]
+        out.update(own)
     return out
 
 

@@ -787,3 +787,22 @@ def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches
     probe, env = device.ab_env("probe", "127.0.0.1:1"), device.ab_env(kind, "127.0.0.1:1")
     assert {k: env.pop(k) for k in switches} == switches and env.pop("OTEL_SERVICE_NAME") == f"sglang-{kind}"
     assert env == {k: v for k, v in probe.items() if k != "OTEL_SERVICE_NAME"}
+
+
+def test_overhead_servers_take_the_reference_only_where_its_wheel_is_installed(tmp_path: Path, monkeypatch):
+    """The old overhead suite looks its wheels up as every other suite does (``kind_wheel``): the
+    probe's is required, the reference's optional."""
+    import device
+
+    probe, ref = tmp_path / "probe", tmp_path / "probe_ref"
+    probe.mkdir()
+    monkeypatch.setenv("GPU_BENCH_SITE", str(tmp_path / "site"))
+    monkeypatch.setenv("GPU_BENCH_PROBE", str(probe))
+    monkeypatch.setenv("GPU_BENCH_PROBE_REF", str(ref))
+    names = lambda: [s.name for s in device.overhead_servers(tmp_path, tmp_path, 1, "127.0.0.1:1")]  # noqa: E731
+    assert names() == ["off_0", "probe_0", "sglang_obs_0"]
+    ref.mkdir()
+    assert names() == ["off_0", "probe_0", "probe_ref_0", "sglang_obs_0"]
+    monkeypatch.setenv("GPU_BENCH_PROBE", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="no probe wheel"):
+        names()

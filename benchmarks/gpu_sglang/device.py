@@ -593,10 +593,11 @@ def overhead_servers(carry: Path, out: Path, launches: int, endpoint: str) -> li
     tiny = carry / "models/tiny-llama4-h256"
     plain = base_args(tiny, mem=0.5, max_bs=16, level="warning", max_tokens=65536)
     otlp = otlp_env(endpoint)
-    configs = [("off", plain, None, {}), ("probe", plain, os.environ["GPU_BENCH_PROBE"], otlp)]
-    ref = os.environ.get("GPU_BENCH_PROBE_REF")
-    if ref and Path(ref).is_dir():
-        configs.append(("probe_ref", plain, ref, otlp))
+    configs = [("off", plain, None, {}), ("probe", plain, kind_wheel("probe"), otlp)]
+    try:
+        configs.append(("probe_ref", plain, kind_wheel("ref"), otlp))
+    except ValueError:  # no reference carried: this suite runs without it
+        pass
     configs.append(("sglang_obs", plain + ["--enable-metrics", "--enable-trace", "--otlp-traces-endpoint", endpoint],
                     None, {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1", **BSP_ENV}))
     servers, port = [], 30100

@@ -20,7 +20,7 @@ scheduler (``benchmarks/probe_pause/``, benchmark-only), so no launch-to-launch 
 ratio (recording / paused); ``--aa`` then flips a server without the probe, the method's control.
 ``--self-time`` adds the probe's own time per scheduler step, timed inside the server by the pause
 shim (``SGL_BENCH_SELF_TIME``): its per-step wrappers from outside minus the SGLang functions they
-call, per block, recording and paused.
+call, per segment between two flips (ABBA runs two blocks of one state in a row), recording and paused.
 """
 
 from __future__ import annotations

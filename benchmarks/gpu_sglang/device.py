@@ -58,6 +58,8 @@ def child_env(env: dict) -> dict:
     """``env`` for a child that must import sgl_probe from its PYTHONPATH only (see CHILD_CWD)."""
     CHILD_CWD.mkdir(parents=True, exist_ok=True)
     return {**env, "PYTHONSAFEPATH": "1"}
+
+
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 T0 = time.time()
 # Servers run on one fixed set of cores, the load generator and the OTLP receiver each on cores of

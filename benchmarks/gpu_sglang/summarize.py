@@ -180,10 +180,7 @@ def _gc_per_step(g0: Optional[dict], g1: Optional[dict], steps_per_s: Optional[f
     seconds = sum(g1["seconds"]) - sum(g0["seconds"])
     out = {"gc": seconds / dt / steps_per_s * 1e6,
            "gc_full_per_1000_steps": (g1["count"][2] - g0["count"][2]) / dt / steps_per_s * 1e3}
-    own = pause.own_time(g0, g1, dt * steps_per_s)  # the ``self`` kinds: the probe's own time
-    if own:
-        del own["steps"]
-        out.update(own)
+    out.update(pause.own_time(g0, g1, dt * steps_per_s) or {})  # the ``self`` kinds: the probe's own time
     return out
 
 

@@ -178,15 +178,15 @@ def gc_stats(folder: Path, pid: int) -> dict | None:
 def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> dict | None:
     """The probe's own time between two flips (``SGL_BENCH_SELF_TIME``; :func:`gc_stats` of each):
     ``probe_self`` µs per scheduler step, ``hooked_calls`` per step, ``probe_self:<target>`` for
-    each wrapper called in between, and ``steps``. Steps as the shim counted them, else ``steps``
-    (e.g. from the token rate); None without totals or steps."""
+    each wrapper called in between. Steps as the shim counted them, else ``steps`` (e.g. from the
+    token rate); None without totals or steps."""
     a, b = (g0 or {}).get("self_ns"), (g1 or {}).get("self_ns")
     if not a or not b:
         return None
     n = (b[3] - a[3] if len(a) > 3 and len(b) > 3 else 0) or steps
     if not n or n <= 0:
         return None
-    out = {"probe_self": ((b[0] - a[0]) - (b[1] - a[1])) / n / 1e3, "hooked_calls": (b[2] - a[2]) / n, "steps": n}
+    out = {"probe_self": ((b[0] - a[0]) - (b[1] - a[1])) / n / 1e3, "hooked_calls": (b[2] - a[2]) / n}
     before = (g0 or {}).get("self_by_target") or {}
     for name, (o1, i1, calls) in ((g1 or {}).get("self_by_target") or {}).items():
         o0, i0, c0 = before.get(name, (0, 0, 0))

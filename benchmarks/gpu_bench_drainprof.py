@@ -22,6 +22,7 @@ import os
 import pstats
 import threading
 import time
+from pathlib import Path
 
 import gpu_common as gc
 from gpu_bench_env import Env
@@ -115,7 +116,9 @@ def _stages(env: Env, rcv_env: dict, steps: int) -> dict:
         prof.disable()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
-        out["profile"] = buf.getvalue()[-6000:]
+        # File names relative to the checkout: the result is read on other machines.
+        root = str(Path(__file__).resolve().parents[1]) + "/"
+        out["profile"] = buf.getvalue()[-6000:].replace(root, "")
 
     th = threading.Thread(target=work, name="sgl-probe-drainprof")
     th.start()

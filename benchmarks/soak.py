@@ -72,7 +72,7 @@ def proc_sample(pid: int) -> dict[str, Any] | None:
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {"pid": pid, "cmd": cmd[:120], "rss_kb": int(fields["VmRSS"].split()[0]),
+    return {"pid": pid, "cmd": cmd.replace(str(ROOT) + "/", "")[:120], "rss_kb": int(fields["VmRSS"].split()[0]),
             "threads": int(fields["Threads"]), "fds": fds}
 
 

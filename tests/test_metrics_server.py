@@ -77,17 +77,31 @@ def metrics_run(tmp_path_factory) -> MetricsRun:
                "SGL_PROBE_RUN_ID": None}
         server = SGLangServer(venv, model, tp=TP, env=env, extra_args=ARGS, log_path=tmp / "server.log")
         with Prometheus(prometheus, [f"127.0.0.1:{server.port}"], tmp / "prometheus") as prom, server:
-            server.generate_many(PROMPTS, NEW_TOKENS)
+            before = span_counts(receiver.spans())  # the server's warm-up, as far as it has arrived
+            batch = server.generate_many(PROMPTS, NEW_TOKENS)
             for text in PROMPTS[:2]:
                 server.generate(text, NEW_TOKENS, ignore_eos=True)
-            # Spans and metrics settle independently (batch span export vs a 1 s metrics flush):
-            # wait until /metrics counts what the spans count, or give up and let the tests say.
-            deadline = time.monotonic() + 60
+            # What this run's requests add at least, per rank: one extend each for the batch and
+            # the two lone requests; decode steps for the batch's longest completion and for each
+            # lone request (ignore_eos: exactly NEW_TOKENS - 1 each).
+            longest = max(r["meta_info"]["completion_tokens"] for r in batch)
+            at_least = {"extend": 3, "decode": (longest - 1) + 2 * (NEW_TOKENS - 1)}
+            # Spans and metrics settle independently (batch span export vs a 1 s metrics flush),
+            # and both can lag the requests (the exporter process may still be starting): wait
+            # until the spans hold this run's steps, /metrics counts what the spans count, and
+            # both stay so across a metrics flush; or give up and let the tests say.
+            deadline, agreed = time.monotonic() + 60, None
             while time.monotonic() < deadline:
                 run.spans = receiver.spans()
                 run.exposition = server.request_text("/metrics")
-                if span_counts(run.spans) and metric_counts(run.exposition) == span_counts(run.spans):
-                    break
+                got = span_counts(run.spans)
+                if (_holds_the_run(got, before, at_least) and metric_counts(run.exposition) == got):
+                    if agreed == got:
+                        break
+                    agreed = got
+                    time.sleep(1.5)
+                    continue
+                agreed = None
                 time.sleep(0.5)
             query = f"sum by (phase, tp_rank) ({PHASE_FAMILY}_count)"
             want = Counter()
@@ -109,6 +123,18 @@ def metrics_run(tmp_path_factory) -> MetricsRun:
             run.otlp = receiver.metrics()
         run.log = server.log_text()
     return run
+
+
+def _holds_the_run(got: Counter, before: Counter, at_least: dict) -> bool:
+    """Every rank's spans count, per phase, at least what it had before the requests plus what
+    the requests add: a warm-up-only state agrees with /metrics too, and must not end the wait."""
+    for rank in map(str, range(TP)):
+        for phase, n in at_least.items():
+            def total(c: Counter) -> float:
+                return sum(v for (ph, _, _, r), v in c.items() if ph == phase and r == rank)
+            if total(got) < total(before) + n:
+                return False
+    return True
 
 
 def _otlp_counts(points) -> Counter:

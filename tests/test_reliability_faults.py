@@ -321,7 +321,19 @@ def fault_run(tmp_path_factory) -> FaultRun:
         # 3. the trace dir's file system breaks and is repaired, one kind after the other
         for kind in fs.kinds:
             fs.break_(kind)
-            ph = phase("trace_" + kind, between=lambda: time.sleep(2))
+            n_log_broken = len(server.log_text().splitlines())
+
+            def refused(n_log0: int = n_log_broken) -> None:
+                """Until the exporter tried to write this phase's spans and logged why it could
+                not (its batches leave every few seconds; a busy machine delays them)."""
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    if "cannot write" in "\n".join(server.log_text().splitlines()[n_log0:]):
+                        break
+                    time.sleep(0.25)
+                time.sleep(1)  # a second line, were there one, would land in this phase too
+
+            ph = phase("trace_" + kind, between=refused)
             arrived(ph, receiver, 30)
             fs.repair(kind)
             size0 = trace_size()

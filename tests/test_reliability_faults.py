@@ -300,8 +300,8 @@ def fault_run(tmp_path_factory) -> FaultRun:
             """``dropped=`` of a summary line written after one more step (1 s windows)."""
             n = len(server.log_text().splitlines())
             generate(server, PROMPTS[0], 2)
-            time.sleep(2.5)
-            return _last_dropped("\n".join(server.log_text().splitlines()[n:]))
+            log = server.wait_for_log(lambda text: _last_dropped("\n".join(text.splitlines()[n:])) is not None)
+            return _last_dropped("\n".join(log.splitlines()[n:]))
 
         # 1. healthy
         arrived(phase("healthy"), receiver, 30)
@@ -326,12 +326,9 @@ def fault_run(tmp_path_factory) -> FaultRun:
             def refused(n_log0: int = n_log_broken) -> None:
                 """Until the exporter tried to write this phase's spans and logged why it could
                 not (its batches leave every few seconds; a busy machine delays them)."""
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:
-                    if "cannot write" in "\n".join(server.log_text().splitlines()[n_log0:]):
-                        break
-                    time.sleep(0.25)
-                time.sleep(1)  # a second line, were there one, would land in this phase too
+                # A second line, were there one, would land in this phase too (settle_s).
+                server.wait_for_log(lambda text: "cannot write" in "\n".join(text.splitlines()[n_log0:]),
+                                    settle_s=1)
 
             ph = phase("trace_" + kind, between=refused)
             arrived(ph, receiver, 30)

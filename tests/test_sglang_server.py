@@ -93,6 +93,7 @@ def probed_run(request, sglang_venvs, tiny_model, tmp_path_factory) -> Run:
         with SGLangServer(sglang_venvs[version], tiny_model, tp=case["tp"], env=env, extra_args=ARGS,
                           log_path=tmp / "server.log") as server:
             run.t_load = time.time_ns()
+            n_log = len(server.log_text().splitlines())
             run.responses = send_load(server)
             expected_decode = len(SEQUENTIAL + CONCURRENT) * (NEW_TOKENS - 1)
 
@@ -107,9 +108,10 @@ def probed_run(request, sglang_venvs, tiny_model, tmp_path_factory) -> Run:
                 receiver.wait_for(complete, timeout=60)
             except TimeoutError:
                 pass  # the assertions below say what is missing
-            time.sleep(1.5)  # let the 1 s summary line reach the log
+            # The 1 s summary line of the load's decode steps.
+            run.log = server.wait_for_log(lambda log: any(
+                "sgl-probe summary" in ln and "decode n=" in ln for ln in log.splitlines()[n_log:]))
             run.metrics = server.request_text("/metrics")
-            run.log = server.log_text()
         run.spans = receiver.spans()
         run.payloads = receiver.raw_payloads()
     return run
@@ -316,20 +318,25 @@ def test_report_reads_the_real_trace_dir(probed_run: Run):
     assert not doc["problems"]
 
 
-def test_summary_line_with_no_collector_at_all(sglang_venvs, tiny_model, tmp_path):
-    """No OTEL endpoint, no trace dir: nothing is exported, yet the server log shows the split."""
+def decode_rows(log: str) -> int:
+    """Decode steps counted by rank 0's summary lines."""
     import re
 
+    return sum(int(m.group(1)) for line in log.splitlines() if "sgl-probe summary [tp_rank=0" in line
+               for m in [re.search(r"decode n=(\d+)", line)] if m)
+
+
+def test_summary_line_with_no_collector_at_all(sglang_venvs, tiny_model, tmp_path):
+    """No OTEL endpoint, no trace dir: nothing is exported, yet the server log shows the split."""
     env = {"SGL_PROBE_SUMMARY_S": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": None,
            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": None, "SGL_PROBE_TRACE_DIR": None}
     with SGLangServer(sglang_venvs["0.5.23"], tiny_model, tp=1, extra_args=ARGS, env=env,
                       log_path=tmp_path / "server.log") as server:
         responses = send_load(server)
-        time.sleep(2.5)
-        log = server.log_text()
+        # at least one decode step per generated token after the first, for the sequential requests
+        want = len(SEQUENTIAL) * (NEW_TOKENS - 1)
+        log = server.wait_for_log(lambda text: decode_rows(text) >= want)
     lines = [l for l in log.splitlines() if "sgl-probe summary [tp_rank=0" in l]
     assert lines, log[-3000:]
-    decode_rows = sum(int(m.group(1)) for l in lines for m in [re.search(r"decode n=(\d+)", l)] if m)
-    # at least one decode step per generated token after the first, for the sequential requests
-    assert decode_rows >= len(SEQUENTIAL) * (NEW_TOKENS - 1)
+    assert decode_rows(log) >= want
     assert all(r["meta_info"]["completion_tokens"] == NEW_TOKENS for r in responses)

@@ -929,8 +929,11 @@ def ab_judge(windows: dict) -> dict:
 #: switches ``CudaTimer.elapsed_keeps_gil`` on at its first flip, before any window). ``self``: as
 #: ``probe``, with the pause shim timing the probe's per-step wrappers from inside (its own time
 #: on the scheduler thread per step, recording and paused: ``probe_self`` in the summary);
-#: ``selfcpu`` the same with the CPU timer (no CUDA call on the hot path: what is left is Python).
-AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu")
+#: ``selfcpu`` the same with the CPU timer (no CUDA call on the hot path: what is left is Python);
+#: ``selfdrop`` and ``selfgil`` as ``self`` with ``drop``'s queue (no drain thread calling CUDA
+#: while the hot path does) and ``gil``'s read (the drain's CUDA calls never overlap the hot path's).
+AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
+              "selfdrop", "selfgil")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -955,7 +958,11 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "drop": {**otlp, "SGL_PROBE_MAX_PENDING": "1", "OTEL_SERVICE_NAME": "sglang-drop"},
             "gil": {**otlp, "SGL_BENCH_KEEP_GIL": "1", "OTEL_SERVICE_NAME": "sglang-gil"},
             "self": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-self"},
-            "selfcpu": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-selfcpu"}}[kind]
+            "selfcpu": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-selfcpu"},
+            "selfdrop": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_MAX_PENDING": "1",
+                         "OTEL_SERVICE_NAME": "sglang-selfdrop"},
+            "selfgil": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_KEEP_GIL": "1",
+                        "OTEL_SERVICE_NAME": "sglang-selfgil"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from sgl_probe.testing.ports import free_port  # noqa: F401 (the harness's servers and their users take it from here)
 
@@ -251,6 +251,17 @@ class SGLangServer:
 
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-n:])
+
+    def wait_for_log(self, done: Callable[[str], bool], timeout: float = 30, settle_s: float = 0.0) -> str:
+        """The log once ``done(log)`` holds (or at ``timeout``: the caller's assertions say what
+        is missing), read again ``settle_s`` later. The probe's lines come from background threads
+        on their own schedule, which a busy machine delays: a fixed sleep is a flaky test."""
+        deadline = time.monotonic() + timeout
+        while not done(self.log_text()) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        if settle_s:
+            time.sleep(settle_s)
+        return self.log_text()
 
     # -- requests ------------------------------------------------------------
 

@@ -216,6 +216,41 @@ def test_keep_gil_switch_is_applied_once_and_the_drain_sets_up_again(shim, monke
     assert timer._prepared is again  # once only
 
 
+def test_self_time_times_the_cuda_timers_calls_on_the_scheduler_thread_only(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_SELF_TIME=1 also times the CUDA timer's driver-facing calls (instance attributes,
+    as CudaTimer sets them), once, from the flip that finds the timer; calls made on another thread
+    (the drain's) pass through untimed; the controller reports µs and calls per step."""
+    import threading
+
+    def slow_record(ev, stream):
+        time.sleep(0.002)
+        return (ev, stream)
+
+    timer = NS(_record=slow_record, _stream_query=lambda stream: True, elapsed_keeps_gil=True)
+    step = Hook(Target("step", (), "m", "S.run_batch", "step"))
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=None)))
+    monkeypatch.setenv("SGL_BENCH_SELF_TIME", "1")
+    control = _load("control")
+    shim._flip(signal.SIGUSR2, None)  # no timer yet (no step so far): nothing to time
+    assert timer._record is slow_record
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=timer)))
+    shim._flip(signal.SIGUSR2, None)
+    timed = timer._record
+    assert timed is not slow_record
+    g0 = control.gc_stats(tmp_path, os.getpid())
+    for _ in range(5):
+        assert timer._record(1, 2) == (1, 2) and timer._stream_query(3) is True
+    drain = threading.Thread(target=lambda: [timer._record(1, 2) for _ in range(5)])
+    drain.start()
+    drain.join()
+    shim._flip(signal.SIGUSR2, None)
+    assert timer._record is timed  # wrapped once
+    got = control.own_time(g0, control.gc_stats(tmp_path, os.getpid()), steps=5)
+    assert got["timer_calls:_record"] == 1 and got["timer_calls:_stream_query"] == 1
+    assert 2000 <= got["timer_call:_record"] < 20000  # the 2 ms sleep, per step; not the drain's 5 more
+    assert got["timer_call:_stream_query"] < got["timer_call:_record"] / 10
+
+
 def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monkeypatch, tmp_path):
     """SGL_BENCH_SELF_TIME=1 (overhead_cross's ``self`` kind): from the first flip the real
     probe's per-step wrappers are timed from outside and around the SGLang function they call;

@@ -178,8 +178,9 @@ def gc_stats(folder: Path, pid: int) -> dict | None:
 def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> dict | None:
     """The probe's own time between two flips (``SGL_BENCH_SELF_TIME``; :func:`gc_stats` of each):
     ``probe_self`` µs per scheduler step, ``hooked_calls`` per step, ``probe_self:<target>`` for
-    each wrapper called in between. Steps as the shim counted them, else ``steps`` (e.g. from the
-    token rate); None without totals or steps."""
+    each wrapper called in between, ``timer_call:<name>`` µs and ``timer_calls:<name>`` calls per
+    step for each of the CUDA timer's driver-facing calls (part of ``probe_self``). Steps as the
+    shim counted them, else ``steps`` (e.g. from the token rate); None without totals or steps."""
     a, b = (g0 or {}).get("self_ns"), (g1 or {}).get("self_ns")
     if not a or not b:
         return None
@@ -192,6 +193,12 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
         o0, i0, c0 = before.get(name, (0, 0, 0))
         if calls > c0:
             out["probe_self:" + name] = ((o1 - o0) - (i1 - i0)) / n / 1e3
+    calls_before = (g0 or {}).get("self_timer_calls") or {}
+    for name, (ns1, c1) in ((g1 or {}).get("self_timer_calls") or {}).items():
+        ns0, c0 = calls_before.get(name, (0, 0))
+        if c1 > c0:
+            out["timer_call:" + name] = (ns1 - ns0) / n / 1e3
+            out["timer_calls:" + name] = (c1 - c0) / n
     return out
 
 

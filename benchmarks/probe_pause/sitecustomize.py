@@ -39,7 +39,10 @@ running totals (``self_ns``: ns inside the wrappers, ns inside SGLang's function
 Outside minus inside is the probe's own time on the scheduler thread, caches as they are in the
 real loop; recording minus paused is what recording adds. The layers cost the same in both
 states. This is the hot path, not what the probe's other threads take (their CPU is measured
-apart) nor what its code does to SGLang's caches afterwards.
+apart) nor what its code does to SGLang's caches afterwards. The same switch times each of the CUDA
+timer's driver-facing calls (capture check, stream look-up, stream and event queries, event
+records, event creation) where the scheduler thread makes them (``self_timer_calls``: name ->
+[ns, calls]), which splits the probe's own time into its driver calls and its Python.
 """
 
 import gc
@@ -57,6 +60,11 @@ _GC_START = [0.0]
 _SELF = [0, 0, 0, 0]
 #: The same per target: name -> [ns inside the wrapper, ns inside the function it wraps, calls].
 _BY = {}
+#: The CUDA timer's driver-facing calls made on the scheduler thread: name -> [ns, calls]. Their
+#: time is part of the wrappers' own time above.
+_CALLS = {}
+#: The CudaTimer attributes (set per instance in its __init__) that reach the CUDA driver.
+_TIMER_CALLS = ("_capturing", "_stream_key", "_stream_query", "_record", "_query", "_new")
 
 
 def _on_gc(phase, info):
@@ -92,13 +100,15 @@ def _flip(signum, frame):
             timer = getattr(getattr(probe, "recorder", None), "timer", None)
             _keep_gil(timer)
             _time_wrappers(probe)
+            _time_timer_calls(timer)
             source = getattr(timer, "elapsed_source", None)
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
                 json.dump(dict(_GC, t=time.time(), elapsed_source=source, probe_file=probe_file,
                                self_ns=list(_SELF) if _SELF_ON else None,
-                               self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None), fh)
+                               self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None,
+                               self_timer_calls={k: list(v) for k, v in _CALLS.items()} if _SELF_ON else None), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down
@@ -136,6 +146,34 @@ def _time_wrappers(probe):
             setattr(owner, attr, outside)
         except Exception as exc:  # that wrapper stays untimed; the flip itself must still answer
             sys.stderr.write("probe_pause: not timing %s: %r\n" % (getattr(hook.target, "name", "?"), exc))
+
+
+def _time_timer_calls(timer):
+    """Once a CUDA timer exists (it is made at the first step): time its driver-facing calls on
+    this thread, the scheduler's (signal handlers run on the main thread); the drain thread's
+    calls pass through untimed."""
+    if os.environ.get("SGL_BENCH_SELF_TIME") != "1" or timer is None or getattr(timer, "_sgl_bench_timed", False):
+        return
+    timer._sgl_bench_timed = True
+    hot = threading.get_ident()
+    for name in _TIMER_CALLS:
+        fn = vars(timer).get(name) if hasattr(timer, "__dict__") else None
+        if callable(fn):
+            setattr(timer, name, _timed_call(fn, _CALLS.setdefault(name, [0, 0]), hot))
+
+
+def _timed_call(fn, acc, hot, clock=time.perf_counter_ns, ident=threading.get_ident):
+    def timed(*args):
+        if ident() != hot:
+            return fn(*args)
+        t0 = clock()
+        try:
+            return fn(*args)
+        finally:
+            acc[0] += clock() - t0
+            acc[1] += 1
+
+    return timed
 
 
 def _outside(fn, step, mine, clock=time.perf_counter_ns, acc=_SELF):

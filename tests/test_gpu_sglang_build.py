@@ -726,6 +726,14 @@ def test_cross_us_per_step_takes_the_probes_own_time_between_two_flips_from_the_
     got = summarize.cross_us_per_step(res)
     assert got["probe_self:step_recording"] == pytest.approx(20) and got["probe_self:step_paused"] == pytest.approx(1)
     assert not any(k.startswith("probe_self:graph") for k in got)
+    # The CUDA timer's calls (ns, calls), where the shim timed them: 0.1 s of records in 10,000 steps is
+    # 10 µs per step; a call never made in a window reports nothing for it.
+    for c, (ns, n) in zip(res["cores_busy"], ((0, 0), (1e8, 20000), (1.5e8, 40000))):
+        c["gc_at_flip"]["self_timer_calls"] = {"_record": [ns, n], "_new": [0, 0]}
+    got = summarize.cross_us_per_step(res)
+    assert got["timer_call:_record_recording"] == pytest.approx(10) and got["timer_call:_record_paused"] == pytest.approx(5)
+    assert got["timer_calls:_record_recording"] == pytest.approx(2)
+    assert not any(k.startswith("timer_call:_new") for k in got)
     # Where the shim counts steps, its count wins over the token rate: half the steps, twice the time.
     for c, steps in zip(res["cores_busy"], (0, 5000, 10000)):
         c["gc_at_flip"]["self_ns"].append(steps)

@@ -204,6 +204,10 @@ class CudaTimer:
         self._chain: tuple = (None, 0, 0)  # drain side: the last end token mapped (see interval)
         self.share_boundaries = True  # benchmarks switch these two off to measure what they save
         self.host_starts = True
+        # Off: the stream is asked whether it is idle only when an anchor is due; every other start
+        # records an event. In a real launch-bound server the query cost about as much as the record
+        # it can save (BENCHMARKS.md, h200-16): benchmarks switch it off to measure that.
+        self.idle_queries = True
         self._offset = time.time_ns() - perf_counter_ns()
         self._anchors: dict = {}  # device index -> (event, perf_counter_ns), one per device
         self._prepared = threading.local()
@@ -270,8 +274,10 @@ class CudaTimer:
         anchor = self._anchors.get(device)
         # The idle check comes first: it is the launch-bound case, where the host is the
         # bottleneck and one driver query fewer shows (a query cost 1.3-1.6 µs on one H200 host,
-        # as much as an event record); on GPU-bound loops the host has time to spare.
-        if self._stream_query(stream):
+        # as much as an event record); on GPU-bound loops the host has time to spare. Without
+        # ``idle_queries`` only a due anchor asks.
+        if (self.idle_queries or anchor is None or now_ns - anchor[1] >= self._ANCHOR_EVERY_NS
+                or anchor[0] is self._bad_anchor) and self._stream_query(stream):
             # Idle stream: the phase's first launch starts on the GPU as soon as it is issued, so
             # the host clock at entry is its start; only the end needs an event.
             if anchor is not None and now_ns - anchor[1] < self._ANCHOR_EVERY_NS and self.host_starts \

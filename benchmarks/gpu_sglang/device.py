@@ -932,8 +932,10 @@ def ab_judge(windows: dict) -> dict:
 #: ``selfcpu`` the same with the CPU timer (no CUDA call on the hot path: what is left is Python);
 #: ``selfdrop`` and ``selfgil`` as ``self`` with ``drop``'s queue (no drain thread calling CUDA
 #: while the hot path does) and ``gil``'s read (the drain's CUDA calls never overlap the hot path's).
+#: ``selfrecord``: as ``self``, every phase recording its start event, no stream or event query
+#: except when an anchor is due (the pause shim's ``SGL_BENCH_ALWAYS_RECORD``).
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
-              "selfdrop", "selfgil")
+              "selfdrop", "selfgil", "selfrecord")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -962,7 +964,9 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "selfdrop": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_MAX_PENDING": "1",
                          "OTEL_SERVICE_NAME": "sglang-selfdrop"},
             "selfgil": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_KEEP_GIL": "1",
-                        "OTEL_SERVICE_NAME": "sglang-selfgil"}}[kind]
+                        "OTEL_SERVICE_NAME": "sglang-selfgil"},
+            "selfrecord": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_ALWAYS_RECORD": "1",
+                           "OTEL_SERVICE_NAME": "sglang-selfrecord"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

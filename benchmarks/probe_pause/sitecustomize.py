@@ -31,6 +31,11 @@ imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
 ``elapsed_keeps_gil`` on (the runtime's elapsed-time read without releasing the GIL) and makes the
 drain thread set up its read again, so a server measures that read from its first window.
 
+``SGL_BENCH_ALWAYS_RECORD=1``: once the CUDA timer exists, the shim switches its ``idle_queries``
+and ``share_boundaries`` off, so every phase records its start event and the stream is asked
+only when an anchor is due: the fewest driver calls per phase, to measure against the release's
+start logic (whose queries, in the real server, cost about what they save).
+
 ``SGL_BENCH_SELF_TIME=1``: at its first flip the shim times the probe's per-step wrappers from
 inside the process. Each wrapper the probe put on a class gets a timing layer above it and one
 around the SGLang function it calls (the closure cell that holds it), and every flip writes the
@@ -99,6 +104,7 @@ def _flip(signum, frame):
             state = "recording" if on else "paused"
             timer = getattr(getattr(probe, "recorder", None), "timer", None)
             _keep_gil(timer)
+            _always_record(timer)
             _time_wrappers(probe)
             _time_timer_calls(timer)
             source = getattr(timer, "elapsed_source", None)
@@ -122,6 +128,13 @@ def _keep_gil(timer):
     # Each drain thread sets its read up once, in this thread-local: a fresh one makes it do so
     # again with the switch on (meanwhile it reads with torch's, as an unprepared thread does).
     timer._prepared = threading.local()
+
+
+def _always_record(timer):
+    if os.environ.get("SGL_BENCH_ALWAYS_RECORD") != "1" or not getattr(timer, "idle_queries", False):
+        return
+    timer.idle_queries = False
+    timer.share_boundaries = False
 
 
 _SELF_ON = []

@@ -98,7 +98,7 @@ class Shape:
         self.probe = gc.make_probe(self.tags["probe"], {**rcv.env(), "SGL_PROBE_TIMER": "auto"})
         self.probe_hot = gc.make_probe(self.tags["probe_hot"], {"SGL_PROBE_DRAIN_S": "1000000",
                                                                 "SGL_PROBE_SUMMARY_S": "0"})
-        # Diagnostics: the hot path with a start event on every phase (host-clock starts off), the
+        # Diagnostics: the hot path with a start event on every phase (``record_starts``), the
         # probe's Python alone (cpu timer), and two bare event records alone.
         self.probe_2ev = gc.make_probe(self.tags["probe_hot_2ev"], {"SGL_PROBE_DRAIN_S": "1000000",
                                                                     "SGL_PROBE_SUMMARY_S": "0"})
@@ -136,8 +136,9 @@ class Shape:
         env = self.env
         f = self.s[variant].run_batch
         b = self.batch
-        if variant == "probe_hot_2ev" and self.probe_2ev.recorder.timer is not None:
-            self.probe_2ev.recorder.timer.host_starts = False  # the timer is made at the first step
+        timer = self.probe_2ev.recorder.timer  # made at the first step
+        if variant == "probe_hot_2ev" and timer is not None and not getattr(timer, "start_events", True):
+            timer.record_starts()
         perf = time.perf_counter
         stamps = [0.0] * (n + 1)
         marks = self._step_marks(n + 1)

@@ -46,8 +46,8 @@ class _Timer:
     """Hands the span builder synthetic intervals (a CUDA-timer-shaped object)."""
     kind = "cuda"
 
-    def interval(self, start, end):
-        return start, end
+    def interval_kind(self, start, end):
+        return start, end, None
 
     def wall(self, host_ns):
         return host_ns

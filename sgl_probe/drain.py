@@ -49,8 +49,7 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
     happens)."""
     host = getattr(timer, "host_clock", False)
     offset = timer.offset if host else 0
-    interval = timer.interval
-    start_kind = None if host else getattr(timer, "start_kind", None)
+    interval = timer.interval_kind
     lo = hi = None
     phases = []
     for ph in st.phases:
@@ -60,8 +59,9 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
         if host:
             t0 = ph.t_start + offset
             t1 = t_end + offset
+            kind = None
         else:
-            t0, t1 = interval(ph.t_start, t_end)
+            t0, t1, kind = interval(ph.t_start, t_end)
         if lo is None or t0 < lo:
             lo = t0
         if hi is None or t1 > hi:
@@ -81,7 +81,7 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
             graph_ms = None
         phases.append((
             ph.phase, t0, t1, graph, ph.mode, ph.batch_size, ph.num_tokens, (ph.host1 - ph.host0) / 1e6,
-            ph.target, ph.accept_length, start_kind(ph.t_start) if start_kind is not None else None,
+            ph.target, ph.accept_length, kind,
             None if graph else ph.no_graph_reason, None if error is None else error_text(error), graph_ms))
     if host:
         w0, w1 = st.host0 + offset, st.host1 + offset

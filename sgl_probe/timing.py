@@ -1,22 +1,21 @@
 """Interval timers behind one interface: CUDA events on the GPU, perf_counter_ns on the CPU.
 
 Hot side (the scheduler thread): ``start(now_ns) -> token | None`` and ``stop(token, now_ns)``.
-Drain side (the export thread): ``ready``, ``interval``, ``wall``, ``release``, ``start_kind``.
+Drain side (the export thread): ``ready``, ``interval_kind``, ``wall``, ``release``.
 
-The CUDA timer never synchronizes: events come from a pool, are recorded on the current stream
-around the call, and are later asked ``query()`` by the drain thread; only completed pairs are
-read, on the probe's own threads with the CUDA runtime's ``cudaEventElapsedTime`` (one call, the
-GIL released; :func:`runtime_elapsed`), elsewhere with torch's ``elapsed_time``. Nothing is
-recorded on a stream that is being captured into a CUDA graph (SGLang captures at startup), so
+The CUDA timer never synchronizes: end events come from a pool, are recorded on the current
+stream when the call returns, and are later asked ``query()`` by the drain thread; only completed
+ones are read, on the probe's own threads with the CUDA runtime's ``cudaEventElapsedTime`` (one
+call, the GIL released; :func:`runtime_elapsed`), elsewhere with torch's ``elapsed_time``. Nothing
+is recorded on a stream that is being captured into a CUDA graph (SGLang captures at startup), so
 capture stays valid.
 
-What one timed call costs on the hot path is, in this order: one capture check, one look-up of
-the current stream (a C call and a dict hit: ``torch.cuda.current_stream()`` would build a new
-Python ``Stream`` object every time, which costs more than the driver's record itself), one
-stream query, and one event record for the end, made through the C method with that stream. A
-start event is recorded only when the stream is busy and the previous phase's end event cannot
-serve as the start (see ``CudaTimer``). The end event goes on the stream the start went on, so the
-interval is one stream's.
+What one timed call costs on the hot path: at the start, the host clock (and every 100 ms an
+anchor, below); at the end, one capture check, one look-up of the current stream (a C call and a
+dict hit: ``torch.cuda.current_stream()`` would build a new Python ``Stream`` object every time,
+which costs more than the driver's record itself) and one event record, made through the C method
+with that stream. Where the phase started on the GPU is worked out by the drain thread
+(see ``CudaTimer``).
 
 The drain thread queries events that were recorded before any capture; CUDA forbids such queries
 from other threads while a capture in the default "global" mode is under way (the capture is
@@ -54,7 +53,7 @@ class CpuTimer:
 
     ``host_clock``: tokens are host ``perf_counter_ns`` values, always ready, nothing to release,
     mapped to the wall clock by adding ``offset``; the drain thread does that inline instead of
-    calling ``ready`` / ``interval`` / ``start_kind`` / ``release`` for every phase."""
+    calling ``ready`` / ``interval_kind`` / ``release`` for every phase."""
 
     kind = "cpu"
     host_clock = True
@@ -80,9 +79,9 @@ class CpuTimer:
     def release(self, start: Any, end: Any) -> None:
         pass
 
-    def start_kind(self, start: Any) -> Optional[str]:
-        """Host-clock intervals only: there is no GPU start to tell apart."""
-        return None
+    def interval_kind(self, start: Any, end: Any) -> Tuple[int, int, None]:
+        """As :meth:`interval`; host-clock intervals have no GPU start to tell apart."""
+        return start + self._offset, end + self._offset, None
 
 
 def _cudart() -> Any:
@@ -144,33 +143,32 @@ def runtime_elapsed(cudart: Any, refused: Any, keep_gil: bool = False) -> Any:
 
 
 class CudaTimer:
-    """Token of ``start``: ``(start_event, anchor, stream)``, ``(end_event, anchor, stream, None,
-    end_token)`` for a shared boundary, or ``(None, anchor, stream, host_ns)`` for a host-clock
-    start; ``anchor`` is ``(event, perf_counter_ns)``. A start event that is its
-    anchor's own event is not pooled (anchors stay alive).
+    """One event per phase: the end. Token of ``start``: ``(host_ns, previous_end)``, plus the start
+    event with :meth:`record_starts`; token of ``stop``: ``(event, stream, host_ns, anchor)``, where
+    ``anchor`` is ``(event, perf_counter_ns)``.
 
-    Host-clock starts: on a launch-bound loop the GPU has drained its queue by the time the next
-    phase starts, and a start event would only say "now, plus the launch latency". When the
-    stream is idle (one ``cudaStreamQuery``), the start is the host clock at the call's entry and
-    only the end event is recorded; the end's host time comes from the anchor plus
-    ``elapsed_time(anchor, end)``. The span then includes the launch latency of the phase's first
-    kernel (10-21 µs on the H200 hosts measured by ``benchmarks/gpu_clock.py``; 80-100 µs when
-    the GPU had been idle for 50 ms or more and wakes up): time the phase really took, but not
-    GPU execution. Halves the events on exactly the loops where the host is the bottleneck.
-    Durations of host-clock starts depend on the anchor, so an end that maps to before its own
-    record call (an anchor whose record ran late) is clamped there and the anchor replaced.
+    Where a phase starts on the GPU is decided on the drain thread, from what the hot path already
+    has: the later of the call's entry (host clock) and the previous phase's end on the same stream.
+    If the GPU was still busy with the previous phase when this one was called, nothing of this
+    phase can run before that end, which is then its start (``gpu_event``); if the GPU had caught
+    up, the phase's first launch runs as soon as it is issued, and the entry is its start
+    (``host_clock``: the interval includes that launch's latency). Ends map to the host clock
+    through the anchor, so that comparison is as good as the anchor (a few µs: the anchor's own
+    launch latency; an idle-stream anchor is refreshed every 100 ms).
 
-    Shared boundaries: recording a timing event costs the GPU a few microseconds too (it waits for
-    the work before it to finish before it writes its timestamp). When a phase starts while the
-    previous phase's end event, on the same stream, has not completed yet, the GPU cannot go idle
-    between the two, so a fresh start event would complete right after that end event anyway
-    (plus only whatever was launched on that stream in between, which this phase then includes):
-    that end event is reused as this phase's start. On a GPU-bound loop this halves the events per
-    phase; when the GPU has caught up (CPU-bound loops), a fresh start is recorded as before.
+    Why not a start event, or a driver query deciding between one and the host clock (the previous
+    release): in the real launch-bound server each driver call cost 2-7 µs of the scheduler
+    thread, and the stream query cost more than the records it saved (BENCHMARKS.md, h200-16). Here
+    a phase's start makes no driver call at all, its end one record (plus the capture check and
+    the stream look-up), and the drain thread none beyond what it already made.
+
+    Limits, in exchange: work that SGLang queued on the stream between two phases and that was
+    still running at the next phase's entry counts into that phase (the previous release excluded it
+    with a fresh start event), and when the GPU's lead over the host at a phase's entry is within
+    the anchor's error the start is off by at most that error.
 
     Events come back from the drain thread through ``_returned``; only the hot thread moves them
-    into the pool, so an end event reused as a start is pooled exactly once, after both of its
-    phases were released (``_claimed`` counts the second owner)."""
+    into the pool."""
 
     kind = "cuda"
     host_clock = False
@@ -198,19 +196,16 @@ class CudaTimer:
         self._streams: dict = {}
         self._pool: list = []
         self._returned: collections.deque = collections.deque()  # appended by the drain thread
-        self._claimed: set = set()  # ids of end events reused as a start (hot thread only)
-        self._last_end: Optional[tuple] = None  # (event, stream, host ns) of the latest stop()
+        self._last_end: Optional[tuple] = None  # the latest stop()'s token
         self._bad_anchor: Any = None  # an anchor event the drain thread caught mapping wrong
-        self._chain: tuple = (None, 0, 0)  # drain side: the last end token mapped (see interval)
-        self.share_boundaries = True  # benchmarks switch these two off to measure what they save
-        self.host_starts = True
-        # Off: the stream is asked whether it is idle only when an anchor is due; every other start
-        # records an event. In a real launch-bound server the query cost about as much as the record
-        # it can save (BENCHMARKS.md, h200-16): benchmarks switch it off to measure that.
-        self.idle_queries = True
+        self._chain: tuple = (None, 0)  # drain side: the last end token mapped, and where it mapped
         self._offset = time.time_ns() - perf_counter_ns()
         self._anchors: dict = {}  # device index -> (event, perf_counter_ns), one per device
+        # A start at or after this host time tries to take a fresh anchor (0: as soon as the stream
+        # is idle; the drain thread sets it so when it distrusts an anchor).
+        self._anchor_due = 0
         self._prepared = threading.local()
+        self.start_events = False  # benchmarks switch it on (record_starts) to measure what it saves
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
         self.runtime_elapsed = True  # benchmarks switch it off to measure what it saves
         self.elapsed_keeps_gil = False  # benchmarks switch it on (runtime_elapsed's keep_gil)
@@ -223,14 +218,14 @@ class CudaTimer:
         if self._stream_key is not None:
             try:
                 official = self._current_stream()  # first: it runs torch's lazy CUDA init
-                self.fast_stream = self._lookup_stream() == official
+                self.fast_stream = self._lookup_stream()[0] == official
             except Exception:
                 self.fast_stream = False
         if not self.fast_stream:
-            self.start = self._start_portable  # type: ignore[method-assign]
+            self._stream_now = self._portable_stream  # type: ignore[method-assign]
 
     # -- hot side ---------------------------------------------------------------------------
-    def _lookup_stream(self) -> Any:
+    def _lookup_stream(self) -> Tuple[Any, int]:
         key = self._stream_key(-1)  # (stream id, device index, device type) of the current stream
         stream = self._streams.get(key)
         if stream is None:
@@ -238,81 +233,75 @@ class CudaTimer:
                 self._streams.clear()
             stream = self._Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
             self._streams[key] = stream
-        return stream
+        return stream, key[1]
+
+    # ``torch.cuda.current_stream()`` builds a new Python ``Stream`` every call, which cost more than
+    # the driver's record itself: the fast path keeps one per stream, keyed by torch's C look-up.
+    _stream_now = _lookup_stream
+
+    def _portable_stream(self) -> Tuple[Any, int]:
+        stream = self._current_stream()
+        return stream, stream.device_index
 
     def _pop(self) -> Any:
         pool = self._pool
         if pool:
             return pool.pop()
-        returned, claimed = self._returned, self._claimed
+        returned = self._returned
         while returned:
             ev = returned.popleft()
-            if id(ev) in claimed:
-                claimed.discard(id(ev))  # its other phase still holds it
-            elif len(pool) < self._POOL_MAX:
+            if len(pool) < self._POOL_MAX:
                 pool.append(ev)
         return pool.pop() if pool else self._new()
 
     def start(self, now_ns: int) -> Any:
-        if self._capturing():
-            return None
-        key = self._stream_key(-1)
-        stream = self._streams.get(key)
-        if stream is None:
-            stream = self._lookup_stream()
-        return self._start_on(stream, key[1], now_ns)
+        if now_ns >= self._anchor_due:
+            self._refresh_anchor(now_ns)
+        return (now_ns, self._last_end)
 
-    def _start_portable(self, now_ns: int) -> Any:
+    def _refresh_anchor(self, now_ns: int) -> None:
+        """An anchor is an event recorded on an idle stream, so the GPU reaches it one launch
+        latency after the host clock taken with it. A busy stream is tried again at the next start;
+        so is everything while a graph is being captured (a record would break the capture)."""
         if self._capturing():
-            return None
-        stream = self._current_stream()
-        return self._start_on(stream, stream.device_index, now_ns)
-
-    def _start_on(self, stream: Any, device: int, now_ns: int) -> Any:
-        last = self._last_end
-        self._last_end = None
-        anchor = self._anchors.get(device)
-        # The idle check comes first: it is the launch-bound case, where the host is the
-        # bottleneck and one driver query fewer shows (a query cost 1.3-1.6 µs on one H200 host,
-        # as much as an event record); on GPU-bound loops the host has time to spare. Without
-        # ``idle_queries`` only a due anchor asks.
-        if (self.idle_queries or anchor is None or now_ns - anchor[1] >= self._ANCHOR_EVERY_NS
-                or anchor[0] is self._bad_anchor) and self._stream_query(stream):
-            # Idle stream: the phase's first launch starts on the GPU as soon as it is issued, so
-            # the host clock at entry is its start; only the end needs an event.
-            if anchor is not None and now_ns - anchor[1] < self._ANCHOR_EVERY_NS and self.host_starts \
-                    and anchor[0] is not self._bad_anchor:
-                return (None, anchor, stream, now_ns)
-            # Due for a fresh anchor, and an idle stream is exactly when one can be taken: this
-            # phase's start event is it.
-            ev = self._new()
-            self._record(ev, stream)
-            anchor = self._anchors[device] = (ev, now_ns)
-            return (ev, anchor, stream)
-        # ``is`` matches the cached stream objects of the fast path; the portable path builds a
-        # new Stream per call, which only ``==`` recognises.
-        if last is not None and (last[1] is stream or last[1] == stream) and self.share_boundaries \
-                and not self._query(last[0]):
-            self._claimed.add(id(last[0]))
-            return (last[0], anchor, stream, None, last)  # ``last``: see interval
-        pool = self._pool
-        ev = pool.pop() if pool else self._pop()
+            return
+        stream, device = self._stream_now()
+        if not self._stream_query(stream):
+            return
+        ev = self._new()
         self._record(ev, stream)
-        if anchor is None:
-            # First phase on this device and the stream busy: anchor on it anyway (span positions
-            # are off by the queued work until the next idle-stream anchor; durations are exact).
-            anchor = self._anchors[device] = (ev, now_ns)
-        return (ev, anchor, stream)
+        self._anchors[device] = (ev, now_ns)
+        self._anchor_due = now_ns + self._ANCHOR_EVERY_NS
+
+    def record_starts(self) -> None:
+        """Benchmark switch: every phase also records a start event (two events per phase, the
+        design this one replaced), to measure what one event per phase saves."""
+        self.start_events = True
+        self.start = self._start_recorded  # type: ignore[method-assign]
+
+    def _start_recorded(self, now_ns: int) -> Any:
+        token = CudaTimer.start(self, now_ns)
+        if self._capturing():
+            return token
+        ev = self._pop()
+        self._record(ev, self._stream_now()[0])
+        return (now_ns, token[1], ev)
 
     def stop(self, token: Any, now_ns: int) -> Any:
-        if token is None:
+        if token is None or self._capturing():
             return None
+        stream, device = self._stream_now()
         pool = self._pool
         ev = pool.pop() if pool else self._pop()
-        stream = token[2]
         self._record(ev, stream)
-        # The end token doubles as the shared-boundary candidate for the next start.
-        end = self._last_end = (ev, stream, now_ns)
+        anchor = self._anchors.get(device)
+        if anchor is None:
+            # The first phase on this device and no idle stream yet: anchor on this end event (span
+            # positions are off by the work queued ahead of it until an idle-stream anchor replaces
+            # it at a later start).
+            anchor = self._anchors[device] = (ev, now_ns)
+            self._anchor_due = 0
+        end = self._last_end = (ev, stream, now_ns, anchor)
         return end
 
     # -- drain side -------------------------------------------------------------------------
@@ -393,10 +382,6 @@ class CudaTimer:
     #: How far before its own record call an end event may map before its anchor is distrusted.
     _ANCHOR_TOLERANCE_NS = 20_000
 
-    #: Links of a chain of shared boundaries mapped from the previous phase's end before the
-    #: start is mapped through the anchor again (bounds the rounding a chain can accumulate).
-    _CHAIN_MAX = 256
-
     #: Intervals the runtime's elapsed time answers next to torch's before it is used alone.
     _ELAPSED_CHECKS = 16
 
@@ -436,56 +421,56 @@ class CudaTimer:
 
         return checking
 
-    def interval(self, start: Any, end: Any) -> Tuple[int, int]:
-        """Drain side, phases in record order. A start that is the previous phase's end (a shared
-        boundary) takes that end's mapped time, so such a phase costs one ``elapsed_time``
-        instead of two; durations always come from the phase's own two events."""
-        ev, (anchor_ev, anchor_host), _ = start[:3]
-        end_ev, _, end_host = end
+    def interval_kind(self, start: Any, end: Any) -> Tuple[int, int, str]:
+        """Drain side, phases in record order: ``(t0, t1, start kind)`` in wall-clock ns (see the
+        class doc). The end maps through its anchor; the start is the entry, or the previous
+        phase's mapped end on the same stream where that is later."""
+        end_ev, stream, end_host, (anchor_ev, anchor_host) = end
         elapsed = getattr(self._prepared, "elapsed", None) or self._elapsed
         offset = self._offset
-        if ev is None:  # host-clock start; the end maps through the anchor
-            t0 = start[3] + offset
-            t1 = anchor_host + offset + round(elapsed(anchor_ev, end_ev) * 1e6)
-            self._chain = (end, t1, 0)
-            # The GPU cannot pass an event before the host recorded it. Mapping earlier than that
-            # means the anchor's own record ran late (e.g. behind a profiler's start-up work):
-            # clamp, and have the hot thread take a new anchor.
-            if t1 < end_host + offset - self._ANCHOR_TOLERANCE_NS:
+        t1 = anchor_host + offset
+        if anchor_ev is not end_ev:
+            t1 += round(elapsed(anchor_ev, end_ev) * 1e6)
+        # The GPU cannot pass an event before the host recorded it. Mapping earlier than that
+        # means the anchor's own record ran late (e.g. behind a profiler's start-up work): clamp,
+        # and have the hot thread take a new anchor.
+        floor = end_host + offset
+        if t1 < floor:
+            if t1 < floor - self._ANCHOR_TOLERANCE_NS and self._bad_anchor is not anchor_ev:
                 self._bad_anchor = anchor_ev
-            return t0, max(t1, end_host + offset, t0)
-        # The end token itself, not its event, identifies the boundary: an event comes back from
-        # the pool for later phases, a token is never reused.
-        chain_end, chain_t, links = self._chain
-        if len(start) > 4 and start[4] is chain_end and links < self._CHAIN_MAX:
-            t0 = chain_t
-            links += 1
+                self._anchor_due = 0
+            t1 = floor
+        t0 = start[0] + offset
+        kind = HOST_CLOCK
+        if len(start) > 2:  # record_starts: the phase's own start event
+            t0 = anchor_host + offset + round(elapsed(anchor_ev, start[2]) * 1e6)
+            kind = GPU_EVENT
         else:
-            t0 = anchor_host + offset
-            if anchor_ev is not ev:
-                t0 += round(elapsed(anchor_ev, ev) * 1e6)
-            links = 0
-        t1 = t0 + round(elapsed(ev, end_ev) * 1e6)
-        self._chain = (end, t1, links)
-        return t0, t1
+            chain_end, chain_t = self._chain
+            last = start[1]
+            # The end token itself, not its event, identifies the previous phase: an event comes
+            # back from the pool for later phases, a token is never reused.
+            if last is not None and last is chain_end and chain_t > t0 and (last[1] is stream or last[1] == stream):
+                t0 = chain_t
+                kind = GPU_EVENT
+        if t1 < t0:
+            t1 = t0
+        self._chain = (end, t1)
+        return t0, t1, kind
+
+    def interval(self, start: Any, end: Any) -> Tuple[int, int]:
+        return self.interval_kind(start, end)[:2]
 
     def wall(self, host_ns: int) -> int:
         return host_ns + self._offset
 
-    def start_kind(self, start: Any) -> Optional[str]:
-        """``host_clock`` when the stream was idle at the call (the interval then includes the
-        launch latency of the phase's first kernel), ``gpu_event`` when an event queued behind
-        earlier GPU work marked the start (a fresh one or the previous phase's shared end)."""
-        if start is None:
-            return None
-        return HOST_CLOCK if start[0] is None else GPU_EVENT
-
     def release(self, start: Any, end: Any) -> None:
-        """Drain side (or a dropped step on the hot side): hand the events back for reuse."""
+        """Drain side (or a dropped step on the hot side): hand the events back for reuse; an end
+        event that is its own anchor stays out of the pool (anchors stay alive)."""
         returned = self._returned
-        if start is not None and start[0] is not None and start[0] is not start[1][0]:
-            returned.append(start[0])
-        if end is not None:
+        if start is not None and len(start) > 2:
+            returned.append(start[2])
+        if end is not None and end[0] is not end[3][0]:
             returned.append(end[0])
 
 

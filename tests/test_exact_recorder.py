@@ -355,8 +355,8 @@ def test_graph_ms_of_a_gpu_timer_maps_the_launch_through_its_wall_clock():
     class Shifted(TokenTimer):
         offset = 5
 
-        def interval(self, start, end):
-            return 1_000 + start[1] * 10, 1_000 + end[1] * 10 + 5
+        def interval_kind(self, start, end):
+            return 1_000 + start[1] * 10, 1_000 + end[1] * 10 + 5, None
 
         def wall(self, host_ns):
             return host_ns + 1_000
@@ -407,8 +407,8 @@ class TokenTimer:
     def release(self, start, end):
         self.released.append((start, end))
 
-    def interval(self, start, end):
-        return start[1] * 10, end[1] * 10 + 5
+    def interval_kind(self, start, end):
+        return start[1] * 10, end[1] * 10 + 5, None
 
     def wall(self, host_ns):
         return host_ns
@@ -560,7 +560,7 @@ def test_take_ready_asks_a_host_clock_timer_nothing():
         def ready(self, *a):
             raise AssertionError("asked")
 
-        release = interval = start_kind = ready
+        release = interval = interval_kind = ready
 
     timer = Host()
     st = _step_with(timer, ("decode", True), ("draft", False))
@@ -1048,7 +1048,7 @@ def test_take_ready_logs_the_index_and_error_of_a_step_it_must_drop(caplog):
     drain = _drain()
 
     class Broken(TokenTimer):
-        def interval(self, start, end):
+        def interval_kind(self, start, end):
             raise RuntimeError("event never completed")
 
     timer = Broken()

@@ -23,8 +23,8 @@ class Timer:
 
     kind = "cpu"
 
-    def interval(self, start, end):
-        return start + OFFSET, end + OFFSET
+    def interval_kind(self, start, end):
+        return start + OFFSET, end + OFFSET, "gpu_event" if start == 5_000_000 else None
 
     def wall(self, host_ns):
         return host_ns + OFFSET
@@ -34,9 +34,6 @@ class Timer:
 
     def release(self, start, end):
         pass
-
-    def start_kind(self, start):
-        return "gpu_event" if start == 5_000_000 else None
 
 
 def build(st: StepRecord, ident=IDENT, run_id="run-1", **extra) -> list:

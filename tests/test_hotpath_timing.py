@@ -1,72 +1,233 @@
-"""Which start a phase used, as both timers report it (``start_kind``)."""
+"""The CUDA timer against a stand-in torch (logic only): one event per phase, where each phase
+starts, anchors, the pool; and what the CPU timer reports in their place.
+
+In the stand-in, host nanoseconds and fake GPU milliseconds are one clock (``host(ms)``), so an
+anchor recorded on an idle stream maps GPU times exactly and every expected time can be written
+down."""
 
 from __future__ import annotations
 
+import collections
+
 from sgl_probe.contract import START_VALUES
 from sgl_probe.timing import GPU_EVENT, HOST_CLOCK, CpuTimer, CudaTimer
-from tests.test_gpu_free_parts import _FakeTorch
+from tests.test_gpu_free_parts import _counting_timer, _FakeTorch
+
+BASE = 10**12
+
+
+def host(ms: float) -> int:
+    return BASE + int(round(ms * 1e6))
+
+
+def _timer(ft=None):
+    ft = ft or _FakeTorch()
+    timer = CudaTimer(ft)
+    timer.relax_capture_mode = False
+    return ft, timer
+
+
+def _phase(ft, timer, at_ms: float, gpu_until_ms: float, stop_ms=None):
+    """A phase called at host ``at_ms`` whose GPU work runs until ``gpu_until_ms``."""
+    tok = timer.start(host(at_ms))
+    ft.queued_ms = max(ft.queued_ms, gpu_until_ms)
+    return tok, timer.stop(tok, host(at_ms + 0.01 if stop_ms is None else stop_ms))
+
+
+def _driver_calls(ft, timer):
+    """Counts every driver-facing call the timer makes on its hot side."""
+    calls = collections.Counter()
+    for name in ("_capturing", "_stream_key", "_stream_query", "_record", "_query", "_new"):
+        fn = getattr(timer, name)
+        setattr(timer, name, (lambda fn, name: lambda *a: calls.update([name]) or fn(*a))(fn, name))
+    return calls
 
 
 def test_cpu_timer_has_no_start_kind():
     timer = CpuTimer()
-    tok = timer.start(10**12)
-    assert timer.start_kind(tok) is None and timer.start_kind(None) is None
+    tok = timer.start(BASE)
+    assert timer.interval_kind(tok, timer.stop(tok, BASE + 5)) == (BASE + timer.offset, BASE + 5 + timer.offset, None)
 
 
-def test_cuda_timer_start_kind_follows_the_start_it_took():
+def test_a_start_makes_no_driver_call_and_a_stop_records_one_event():
     assert {GPU_EVENT, HOST_CLOCK} == set(START_VALUES)
-    ft = _FakeTorch()
-    timer = CudaTimer(ft)
-    timer.relax_capture_mode = False
-    base = 10**12
-    anchor = timer.start(base)  # no anchor yet: a start event, which becomes the anchor
-    assert timer.start_kind(anchor) == GPU_EVENT
-    ft.gpu_ms = ft.queued_ms = 1.0
-    timer.stop(anchor, base + 1)
-    idle = timer.start(base + 2)  # the stream is idle: the host clock at the call
-    assert idle[0] is None and timer.start_kind(idle) == HOST_CLOCK
-    ft.queued_ms = 5.0  # the GPU falls behind: an event queued behind its work
-    end = timer.stop(idle, base + 3)
-    busy = timer.start(base + 4)
-    assert busy[0] is end[0] and timer.start_kind(busy) == GPU_EVENT  # the shared boundary
-    timer.stop(busy, base + 5)
-    timer.share_boundaries = False
-    fresh = timer.start(base + 6)
-    assert fresh[0] is not None and timer.start_kind(fresh) == GPU_EVENT
-    timer.stop(fresh, base + 7)
-    ft.gpu_ms = ft.queued_ms
-    timer.host_starts = False  # switched off: an idle stream records an event too
-    assert timer.start_kind(timer.start(base + 8)) == GPU_EVENT
-    ft.capturing = True  # nothing recorded while SGLang captures a graph
-    assert timer.start(base + 9) is None and timer.start_kind(None) is None
+    ft, timer = _timer()
+    first, end = _phase(ft, timer, 0.0, 0.0)  # the first start takes the anchor: the stream is idle
+    assert timer._anchors[0][1] == host(0.0)
+    timer.release(first, end)  # as the drain does: the next end comes from the pool
+    calls = _driver_calls(ft, timer)
+    for i in range(1, 6):
+        before = dict(calls)
+        tok = timer.start(host(i))
+        assert calls == before and tok == (host(i), timer._last_end)
+        timer.release(tok, timer.stop(tok, host(i + 0.5)))
+        assert calls == {"_capturing": i, "_stream_key": i, "_record": i}
+    assert len(ft.records) == 1 + 1 + 5  # the anchor, the first phase's end, five ends
 
 
-def test_without_idle_queries_only_a_due_anchor_asks_the_stream():
-    """``idle_queries`` off (a benchmark switch): a start with a fresh anchor records an event
-    without asking the stream; once the anchor is due the stream is asked again, and an idle one
-    takes the new anchor. Intervals stay exact either way."""
-    ft = _FakeTorch()
-    timer = CudaTimer(ft)
-    timer.relax_capture_mode = False
+def test_on_an_idle_gpu_a_phase_starts_at_the_call():
+    ft, timer = _timer()
+    _, e1 = _phase(ft, timer, 0.0, 2.0)  # anchor at 0, the phase's GPU work until 2 ms
+    ft.gpu_ms = 3.0  # the host did 1 ms of scheduler work; the GPU went idle at 2 ms
+    tok, e2 = _phase(ft, timer, 3.0, 4.5, stop_ms=3.1)
+    ft.gpu_ms = 4.5
+    assert timer.interval_kind(tok, e2) == (timer.wall(host(3.0)), timer.wall(host(4.5)), HOST_CLOCK)
+    # A phase without GPU work: its end passes as soon as it is recorded (at its stop call).
+    ft.gpu_ms = 5.6
+    tok3, e3 = _phase(ft, timer, 5.5, 0.0, stop_ms=5.6)
+    assert timer.interval_kind(tok3, e3) == (timer.wall(host(5.5)), timer.wall(host(5.6)), HOST_CLOCK)
+    assert timer._bad_anchor is None
+
+
+def test_while_the_gpu_is_behind_a_phase_starts_at_the_previous_end():
+    ft, timer = _timer()
+    t1, e1 = _phase(ft, timer, 0.0, 5.0)  # the GPU is 5 ms behind the host from here on
+    t2, e2 = _phase(ft, timer, 0.2, 9.0)
+    ft.gpu_ms = ft.queued_ms = 20.0  # the GPU catches up and goes idle
+    t3, e3 = _phase(ft, timer, 20.0, 23.0)
+    ft.gpu_ms = 30.0
+    assert t2[1] is e1 and t3[1] is e2
+    assert timer.interval_kind(t1, e1) == (timer.wall(host(0)), timer.wall(host(5)), HOST_CLOCK)
+    assert timer.interval_kind(t2, e2) == (timer.wall(host(5)), timer.wall(host(9)), GPU_EVENT)
+    # Idle time before a call is not counted: the previous end is earlier than the call.
+    assert timer.interval_kind(t3, e3) == (timer.wall(host(20)), timer.wall(host(23)), HOST_CLOCK)
+
+
+def test_the_previous_end_counts_only_on_the_same_stream_and_only_once_resolved():
+    ft, timer = _timer()
+    t1, e1 = _phase(ft, timer, 0.0, 5.0)
+    ft.current = (9, 0, 1)  # the next phase runs on another stream: no order between the two
+    t2, e2 = _phase(ft, timer, 0.2, 6.0)
+    ft.current = (3, 0, 1)
+    t3, e3 = _phase(ft, timer, 0.4, 8.0)
+    t4, e4 = _phase(ft, timer, 0.6, 9.0)
+    ft.gpu_ms = 10.0
+    timer.interval_kind(t1, e1)
+    assert timer.interval_kind(t2, e2)[::2] == (timer.wall(host(0.2)), HOST_CLOCK)
+    # t3's previous end (e2, the other stream's) is not this stream's: the call's entry.
+    assert timer.interval_kind(t3, e3)[::2] == (timer.wall(host(0.4)), HOST_CLOCK)
+    # A previous phase the drain never mapped (e.g. its step was dropped): the call's entry.
+    t5, e5 = _phase(ft, timer, 0.8, 11.0)
+    t6, e6 = _phase(ft, timer, 1.0, 12.0)
+    ft.gpu_ms = 12.0
+    assert timer.interval_kind(t6, e6) == (timer.wall(host(1.0)), timer.wall(host(12.0)), HOST_CLOCK)
+
+
+def test_nothing_is_recorded_while_a_graph_is_captured():
+    ft, timer = _timer()
+    _phase(ft, timer, 0.0, 1.0)
+    ft.gpu_ms = 1.0
+    n = len(ft.records)
+    ft.capturing = True
+    tok = timer.start(host(2) + CudaTimer._ANCHOR_EVERY_NS)  # an anchor is due, but not now
+    assert tok is not None and timer.stop(tok, host(3)) is None and len(ft.records) == n
+    ft.capturing = False
+    timer.start(host(4) + CudaTimer._ANCHOR_EVERY_NS)
+    assert len(ft.records) == n + 1 and timer._anchors[0][1] == host(4) + CudaTimer._ANCHOR_EVERY_NS
+
+
+def test_anchors_come_from_an_idle_stream_and_are_refreshed_when_due():
+    ft, timer = _timer()
     asked = []
     query = timer._stream_query
     timer._stream_query = lambda stream: asked.append(stream) or query(stream)
-    base = 10**12
-    first = timer.start(base)  # no anchor yet: asked, and the start event is the anchor
-    assert len(asked) == 1 and first[0] is first[1][0]
-    ft.gpu_ms = ft.queued_ms = 1.0
-    timer.stop(first, base + 1)
-    timer.idle_queries = False
-    ev_start = timer.start(base + 2)  # idle, but not asked: an event, not the host clock
-    assert len(asked) == 1 and ev_start[0] is not None and timer.start_kind(ev_start) == GPU_EVENT
-    ft.queued_ms = 3.0
-    end = timer.stop(ev_start, base + 3)
-    ft.gpu_ms = 3.0
-    t0, t1 = timer.interval(ev_start, end)
-    assert t1 - t0 == 2_000_000
-    due = timer.start(base + CudaTimer._ANCHOR_EVERY_NS)  # the anchor is due: asked, re-anchored
-    assert len(asked) == 2 and due[1] is not first[1] and due[0] is due[1][0]
-    timer.idle_queries = True
-    timer.stop(due, base + CudaTimer._ANCHOR_EVERY_NS + 1)
-    assert timer.start_kind(timer.start(base + CudaTimer._ANCHOR_EVERY_NS + 2)) == HOST_CLOCK
-    assert len(asked) == 3
+    ft.queued_ms = 3.0  # SGLang's own work already queued: the first phase finds the GPU busy
+    t1, e1 = _phase(ft, timer, 0.0, 4.0)
+    # No idle stream yet: the first end is its own anchor (never pooled) and every start asks.
+    assert e1[3][0] is e1[0] and timer._anchor_due == 0 and len(asked) == 1
+    timer.release(t1, e1)
+    assert e1[0] not in timer._returned
+    ft.gpu_ms = ft.queued_ms = 5.0
+    t2, e2 = _phase(ft, timer, 5.0, 6.0)  # idle now: a proper anchor, used from this phase's end on
+    assert len(asked) == 2 and e2[3] is timer._anchors[0] and e2[3][1] == host(5.0)
+    ft.gpu_ms = 6.0
+    assert timer.interval_kind(t2, e2) == (timer.wall(host(5.0)), timer.wall(host(6.0)), HOST_CLOCK)
+    _phase(ft, timer, 7.0, 8.0)
+    assert len(asked) == 2  # fresh: nobody asks
+    due = CudaTimer._ANCHOR_EVERY_NS / 1e6
+    _phase(ft, timer, 7.5 + due, 9.0 + due)  # due, but the GPU is busy (8 ms > 7.5): asked, kept
+    assert len(asked) == 3 and timer._anchors[0] is e2[3]
+    ft.gpu_ms = ft.queued_ms
+    _phase(ft, timer, 10.0 + due, 11.0 + due)  # due and idle: replaced
+    assert len(asked) == 4 and timer._anchors[0][1] == host(10.0 + due)
+
+
+def test_an_anchor_that_maps_ends_before_their_record_is_replaced():
+    """An anchor whose record ran late (its GPU time is behind its host stamp) maps ends before
+    their own record call: clamped to the record call, and the next start re-anchors."""
+    ft, timer = _timer()
+    _phase(ft, timer, 0.0, 1.0)
+    late = timer._anchors[0]
+    late[0].t += 1.0  # its record ran 1 ms after its host stamp
+    ft.gpu_ms = 5.7
+    tok, end = _phase(ft, timer, 5.7, 6.0, stop_ms=5.9)
+    ft.gpu_ms = 6.0
+    assert timer.interval_kind(tok, end) == (timer.wall(host(5.7)), timer.wall(host(5.9)), HOST_CLOCK)
+    assert timer._bad_anchor is late[0] and timer._anchor_due == 0
+    _phase(ft, timer, 6.1, 6.2)
+    assert timer._anchors[0] is not late and timer._anchors[0][1] == host(6.1)
+
+
+def test_ended_events_come_back_from_the_pool():
+    ft, timer = _timer()
+    t1, e1 = _phase(ft, timer, 0.0, 1.0)
+    ft.gpu_ms = 1.0
+    timer.release(t1, e1)
+    created = ft.Event.created
+    t2, e2 = _phase(ft, timer, 2.0, 3.0)
+    assert e2[0] is e1[0] and ft.Event.created == created
+
+
+def test_record_starts_gives_every_phase_its_own_start_event():
+    """The benchmark switch: two events per phase, the interval between them."""
+    ft, timer = _timer()
+    _phase(ft, timer, 0.0, 0.0)
+    timer.record_starts()
+    ft.queued_ms = 2.0  # busy: the start event lands behind the queued work
+    n = len(ft.records)
+    tok, end = _phase(ft, timer, 0.5, 3.5)
+    ft.gpu_ms = 3.5
+    assert len(ft.records) == n + 2 and len(tok) == 3
+    assert timer.interval_kind(tok, end) == (timer.wall(host(2.0)), timer.wall(host(3.5)), GPU_EVENT)
+    timer.release(tok, end)
+    assert set(map(id, timer._returned)) == {id(tok[2]), id(end[0])}
+
+
+def test_the_portable_stream_path_without_torchs_c_look_up():
+    ft = _FakeTorch()
+    del ft._C._cuda_getCurrentStream
+    ft, timer = _timer(ft)
+    assert not timer.fast_stream
+    t1, e1 = _phase(ft, timer, 0.0, 5.0)
+    t2, e2 = _phase(ft, timer, 0.2, 6.0)  # a new Stream object per call, still the same stream
+    ft.gpu_ms = 6.0
+    timer.interval_kind(t1, e1)
+    assert timer.interval_kind(t2, e2) == (timer.wall(host(5.0)), timer.wall(host(6.0)), GPU_EVENT)
+
+
+def test_take_ready_resolves_a_pass_of_cuda_steps_with_one_query_and_one_elapsed_per_phase():
+    """The drain's per-step driver calls: a pass over finished steps asks one readiness query and
+    maps each phase's end with one elapsed time."""
+    from sgl_probe import drain
+    from sgl_probe.readers import Facts
+    from sgl_probe.recorder import PhaseRecord, StepRecord
+
+    ft, timer, calls = _counting_timer()
+    steps = collections.deque()
+    for i in range(30):  # back to back, the GPU behind: each phase starts at the previous end
+        tok, end = _phase(ft, timer, 0.1 * i, 1.0 + i)
+        st = StepRecord(i, Facts("step", "DECODE", 2, 2), 0)
+        st.host1 = 1_000
+        ph = PhaseRecord(Facts("decode", "DECODE", 2, 2), "t", 0, tok)
+        ph.t_end = end
+        st.phases.append(ph)
+        steps.append(st)
+    ft.gpu_ms = 1e6
+    calls["query"] = calls["elapsed"] = 0
+    rows: list = []
+    assert drain.take_ready(steps, timer, 10**12, False, 64, rows) == 30 and not steps
+    assert calls["query"] == 1 and calls["elapsed"] == 30
+    got = [(r[8][0][1], r[8][0][2], r[8][0][10]) for r in rows]
+    want = [(timer.wall(host(0)), timer.wall(host(1)), HOST_CLOCK)]
+    want += [(timer.wall(host(i)), timer.wall(host(1 + i)), GPU_EVENT) for i in range(1, 30)]
+    assert got == want

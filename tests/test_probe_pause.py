@@ -216,22 +216,25 @@ def test_keep_gil_switch_is_applied_once_and_the_drain_sets_up_again(shim, monke
     assert timer._prepared is again  # once only
 
 
-def test_always_record_switch_turns_the_timers_queries_off_once_it_exists(shim, monkeypatch, tmp_path):
-    """SGL_BENCH_ALWAYS_RECORD=1 (overhead_cross's ``selfrecord`` kind): the flip that finds the
-    CUDA timer switches its idle queries and shared boundaries off; without the variable, or
-    before the timer exists, nothing changes."""
-    timer = NS(idle_queries=True, share_boundaries=True)
+def test_start_events_switch_makes_the_timer_record_starts_once_it_exists(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_START_EVENTS=1 (overhead_cross's ``self2ev`` kind): the flip that finds the CUDA
+    timer switches its ``record_starts`` on, once; without the variable, or before the timer
+    exists, nothing changes."""
+    switched = []
+    timer = NS(start_events=False)
+    timer.record_starts = lambda: switched.append(1) or setattr(timer, "start_events", True)
     step = Hook(Target("step", (), "m", "S.run_batch", "step"))
     monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=timer)))
     shim._flip(signal.SIGUSR2, None)
-    assert timer.idle_queries is True and timer.share_boundaries is True
-    monkeypatch.setenv("SGL_BENCH_ALWAYS_RECORD", "1")
+    assert switched == [] and timer.start_events is False
+    monkeypatch.setenv("SGL_BENCH_START_EVENTS", "1")
     monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=None)))
     shim._flip(signal.SIGUSR2, None)  # no timer yet: nothing to switch, and the flip still answers
     assert (tmp_path / str(os.getpid())).exists()
     monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=timer)))
     shim._flip(signal.SIGUSR2, None)
-    assert timer.idle_queries is False and timer.share_boundaries is False
+    shim._flip(signal.SIGUSR2, None)
+    assert switched == [1] and timer.start_events is True
 
 
 def test_self_time_times_the_cuda_timers_calls_on_the_scheduler_thread_only(shim, monkeypatch, tmp_path):

@@ -75,8 +75,8 @@ def test_no_verdict_without_usable_inputs(bad):
 class _Timer:
     kind = "cuda"
 
-    def interval(self, start, end):
-        return start, end
+    def interval_kind(self, start, end):
+        return start, end, None
 
     def wall(self, host_ns):
         return host_ns

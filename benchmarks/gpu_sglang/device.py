@@ -932,19 +932,19 @@ def ab_judge(windows: dict) -> dict:
 #: ``selfcpu`` the same with the CPU timer (no CUDA call on the hot path: what is left is Python);
 #: ``selfdrop`` and ``selfgil`` as ``self`` with ``drop``'s queue (no drain thread calling CUDA
 #: while the hot path does) and ``gil``'s read (the drain's CUDA calls never overlap the hot path's).
-#: ``selfrecord``: as ``self``, every phase recording its start event, no stream or event query
-#: except when an anchor is due (the pause shim's ``SGL_BENCH_ALWAYS_RECORD``).
+#: ``self2ev``: as ``self``, every phase recording a start event as well as its end (the pause
+#: shim's ``SGL_BENCH_START_EVENTS``). ``selfref``: as ``self``, with the reference wheel's probe.
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
-              "selfdrop", "selfgil", "selfrecord")
+              "selfdrop", "selfgil", "self2ev", "selfref")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
     """The folder holding the probe a server of ``kind`` (of :data:`AB_EXPORTS`) runs: the
-    reference wheel's for ``ref``, none for ``hog``, this wheel's otherwise. ValueError where that
+    reference wheel's for ``ref`` and ``selfref``, none for ``hog``, this wheel's otherwise. ValueError where that
     wheel is not installed, so a suite refuses before it starts anything."""
     if kind == "hog":
         return None
-    folder = os.environ.get("GPU_BENCH_PROBE_REF" if kind == "ref" else "GPU_BENCH_PROBE", "")
+    folder = os.environ.get("GPU_BENCH_PROBE_REF" if kind in ("ref", "selfref") else "GPU_BENCH_PROBE", "")
     if not folder or not Path(folder).is_dir():
         raise ValueError(f"--ab-exports {kind}: no probe wheel installed for it (build.py; build.py --ref REV for ref)")
     return folder
@@ -965,8 +965,9 @@ def ab_env(kind: str, endpoint: str) -> dict:
                          "OTEL_SERVICE_NAME": "sglang-selfdrop"},
             "selfgil": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_KEEP_GIL": "1",
                         "OTEL_SERVICE_NAME": "sglang-selfgil"},
-            "selfrecord": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_ALWAYS_RECORD": "1",
-                           "OTEL_SERVICE_NAME": "sglang-selfrecord"}}[kind]
+            "self2ev": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_START_EVENTS": "1",
+                        "OTEL_SERVICE_NAME": "sglang-self2ev"},
+            "selfref": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-selfref"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

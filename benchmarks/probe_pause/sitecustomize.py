@@ -31,10 +31,9 @@ imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
 ``elapsed_keeps_gil`` on (the runtime's elapsed-time read without releasing the GIL) and makes the
 drain thread set up its read again, so a server measures that read from its first window.
 
-``SGL_BENCH_ALWAYS_RECORD=1``: once the CUDA timer exists, the shim switches its ``idle_queries``
-and ``share_boundaries`` off, so every phase records its start event and the stream is asked
-only when an anchor is due: the fewest driver calls per phase, to measure against the release's
-start logic (whose queries, in the real server, cost about what they save).
+``SGL_BENCH_START_EVENTS=1``: once the CUDA timer exists, the shim switches its ``record_starts``
+on, so every phase records a start event as well as its end: two events per phase, to measure
+what the release's one event per phase saves.
 
 ``SGL_BENCH_SELF_TIME=1``: at its first flip the shim times the probe's per-step wrappers from
 inside the process. Each wrapper the probe put on a class gets a timing layer above it and one
@@ -104,7 +103,7 @@ def _flip(signum, frame):
             state = "recording" if on else "paused"
             timer = getattr(getattr(probe, "recorder", None), "timer", None)
             _keep_gil(timer)
-            _always_record(timer)
+            _start_events(timer)
             _time_wrappers(probe)
             _time_timer_calls(timer)
             source = getattr(timer, "elapsed_source", None)
@@ -130,11 +129,10 @@ def _keep_gil(timer):
     timer._prepared = threading.local()
 
 
-def _always_record(timer):
-    if os.environ.get("SGL_BENCH_ALWAYS_RECORD") != "1" or not getattr(timer, "idle_queries", False):
+def _start_events(timer):
+    if os.environ.get("SGL_BENCH_START_EVENTS") != "1" or getattr(timer, "start_events", True):
         return
-    timer.idle_queries = False
-    timer.share_boundaries = False
+    timer.record_starts()
 
 
 _SELF_ON = []

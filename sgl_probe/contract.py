@@ -34,8 +34,9 @@ DURATION_MS = "sgl_probe.duration_ms"
 TIMER = "sgl_probe.timer"
 HOST_MS = "sgl_probe.host_ms"
 TARGET = "sgl_probe.target"
-#: How the phase's start was taken: ``gpu_event`` (an event queued behind earlier GPU work) or
-#: ``host_clock`` (the stream was idle at the call, so the interval includes the launch latency).
+#: How the phase's start was taken: ``gpu_event`` (the previous phase's end event on the same stream,
+#: still pending at the call) or ``host_clock`` (the GPU had caught up at the call, so the interval
+#: includes the launch latency).
 START = "sgl_probe.start"
 START_VALUES = ("gpu_event", "host_clock")
 #: On a phase that launched a CUDA graph: from the graph's launch (the host clock at

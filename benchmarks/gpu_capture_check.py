@@ -64,22 +64,22 @@ def case_phase_in_capture(torch) -> dict:
     torch.cuda.synchronize()
     want = out.clone()
     timer = probe.recorder.timer
-    calls = {"start": 0, "token": 0}
-    real_start = timer.start
+    calls = {"stop": 0, "token": 0}
+    real_stop = timer.stop
 
-    def counting_start(now):
-        calls["start"] += 1
-        tok = real_start(now)
-        calls["token"] += tok is not None
-        return tok
+    def counting_stop(token, now):
+        calls["stop"] += 1
+        end = real_stop(token, now)
+        calls["token"] += end is not None  # an end token: an event was recorded
+        return end
 
-    timer.start = counting_start
+    timer.stop = counting_stop
     steps_before = probe.recorder.step_count
     queued_before = len(probe.recorder.steps)
     warm_on_side_stream(torch, lambda: sched.run_batch(batch))
     time.sleep(0.1)  # the drain thread resolves the warm-up steps
     queued_before = len(probe.recorder.steps)
-    calls.update(start=0, token=0)
+    calls.update(stop=0, token=0)
     out.zero_()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -90,17 +90,17 @@ def case_phase_in_capture(torch) -> dict:
     g.replay()
     torch.cuda.synchronize()
     replay_ok = bool(torch.equal(out, want))
-    timer.start = real_start
+    timer.stop = real_stop
     # The probe keeps working after the capture: an ordinary step is timed again.
     sched.run_batch(batch)
     torch.cuda.synchronize()
     time.sleep(0.1)
     n_after = probe.recorder.step_count - steps_before
     res = {"case": "phase_in_capture", "capture_ok": True, "replay_equals_eager": replay_ok,
-           "timer_start_calls_during_capture": captured_calls["start"],
+           "timer_stop_calls_during_capture": captured_calls["stop"],
            "events_recorded_during_capture": captured_calls["token"],
            "steps_queued_by_capture": queued_after - queued_before, "steps_after": n_after}
-    res["pass"] = replay_ok and captured_calls["start"] >= 1 and captured_calls["token"] == 0 \
+    res["pass"] = replay_ok and captured_calls["stop"] >= 1 and captured_calls["token"] == 0 \
         and queued_after == queued_before
     probe.pipeline.shutdown()
     return res

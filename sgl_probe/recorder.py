@@ -190,9 +190,7 @@ class Recorder:
                 facts = read(target, args, kwargs, spec)
                 if facts[0] is not None:
                     now = perf_counter_ns()
-                    token = rec.timer.start(now)
-                    if token is not None:  # None: stream capture in progress, record nothing
-                        ph = PhaseRecord(facts, name, now, token)
+                    ph = PhaseRecord(facts, name, now, rec.timer.start(now))
             except Exception as exc:
                 hook.fail(exc)
             if ph is None:
@@ -210,7 +208,9 @@ class Recorder:
             cur[1] = None
             try:
                 now = perf_counter_ns()
-                ph.t_end = rec.timer.stop(ph.t_start, now)
+                t_end = ph.t_end = rec.timer.stop(ph.t_start, now)
+                if t_end is None:  # a graph was being captured: nothing recorded, nothing to report
+                    return result
                 ph.host1 = now
                 st.phases.append(ph)
                 # The graph flag as the span builder reads it: SGLang's own report from the result
@@ -239,7 +239,8 @@ class Recorder:
         ph.t_end = self.timer.stop(ph.t_start, now)
         ph.host1 = now
         ph.error = error
-        st.phases.append(ph)
+        if ph.t_end is not None:  # else a graph capture: nothing recorded
+            st.phases.append(ph)
 
     def graph_method(self, hook, orig: Callable) -> Callable:
         """A graph replay: marks the open phase as having run a captured graph."""

@@ -231,3 +231,24 @@ def test_take_ready_resolves_a_pass_of_cuda_steps_with_one_query_and_one_elapsed
     want = [(timer.wall(host(0)), timer.wall(host(1)), HOST_CLOCK)]
     want += [(timer.wall(host(i)), timer.wall(host(1 + i)), GPU_EVENT) for i in range(1, 30)]
     assert got == want
+
+
+def test_a_step_run_while_a_graph_is_captured_queues_nothing():
+    """SGLang captures graphs at startup, possibly through wrapped code: the phase's end is not
+    recorded, so neither the phase nor its step is reported; the next step is timed as usual."""
+    from tests.test_exact_recorder import Rig
+
+    rig = Rig()
+    ft, timer = _timer()
+    rig.rec.timer = timer
+    rig.decode_step(2)
+    n_records, n_steps = len(ft.records), len(rig.rec.steps)
+    ft.capturing = True
+    try:
+        rig.decode_step(2)
+    except IndexError:  # decode_step reads the newest queued step's phases: there are none
+        pass
+    assert len(ft.records) == n_records and len(rig.rec.steps) == n_steps
+    ft.capturing = False
+    ph = rig.decode_step(2)
+    assert len(rig.rec.steps) == n_steps + 1 and ph.t_end is not None and len(ft.records) == n_records + 1

@@ -49,8 +49,11 @@ def section_accuracy(env: Env, rcv: gc.ReceiverProcess, names: list, cpu_us: flo
         trace = os.path.join(tempfile.gettempdir(), "acc_%s.json" % name)
         prof.export_chrome_trace(trace)
         kev = _kernel_events(trace)
-        spans = [x for x in rcv.spans() if x["name"] != "sglang.step" and x["attributes"].get("sgl_probe.target", "").endswith(
-            "Worker_%s.forward_batch_generation" % tag) and first <= x["attributes"]["sglang.step_index"] <= last]
+        def mine(spans: list, tag=tag, first=first, last=last) -> list:
+            return [x for x in spans if x["name"] != "sglang.step" and x["attributes"].get("sgl_probe.target", "").endswith(
+                "Worker_%s.forward_batch_generation" % tag) and first <= x["attributes"]["sglang.step_index"] <= last]
+
+        spans = mine(rcv.spans_when(lambda got: len(mine(got)) >= last - first + 1))
         spans.sort(key=lambda x: x["attributes"]["sglang.step_index"])
         probe_ms = [x["attributes"]["sgl_probe.duration_ms"] for x in spans]
         res = {"steps": S, "spans": len(spans), "kernels": len(kev)}

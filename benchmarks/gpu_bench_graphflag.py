@@ -7,12 +7,15 @@ import gpu_common as gc
 
 
 def section_graphflag(rcv: gc.ReceiverProcess, loops: dict) -> dict:
-    spans = rcv.spans()
+    def phases_of(spans: list, tag: str) -> list:
+        return [x for x in spans if x["name"] != "sglang.step" and
+                x["attributes"].get("sgl_probe.target", "").endswith("Worker_%s.forward_batch_generation" % tag)]
+
+    spans = rcv.spans_when(lambda got: all(len(phases_of(got, info["probe_tag"])) >= info["steps_run"]["probe"]
+                                           for info in loops.values()))
     out = {}
     for name, info in loops.items():
-        tag = info["probe_tag"]
-        phases = [x for x in spans if x["name"] != "sglang.step" and
-                  x["attributes"].get("sgl_probe.target", "").endswith("Worker_%s.forward_batch_generation" % tag)]
+        phases = phases_of(spans, info["probe_tag"])
         graph_true = sum(1 for x in phases if x["attributes"].get("sglang.cuda_graph") is True)
         expect_graph = name.startswith("graph")
         out[name] = {

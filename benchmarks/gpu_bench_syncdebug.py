@@ -104,9 +104,12 @@ def section_syncdebug(env: Env, rcv: gc.ReceiverProcess, cpu_us: float, steps: i
     env.sync()
     probe.pipeline.flush()
     last = probe.recorder.step_count
-    got = [x for x in rcv.spans() if x["name"] == "sglang.verify" and
-           x["attributes"].get("sgl_probe.target", "").endswith("Worker_%s.forward_batch_generation" % tag)
-           and first <= x["attributes"]["sglang.step_index"] <= last]
+    def verifies(spans: list) -> list:
+        return [x for x in spans if x["name"] == "sglang.verify" and
+                x["attributes"].get("sgl_probe.target", "").endswith("Worker_%s.forward_batch_generation" % tag)
+                and first <= x["attributes"]["sglang.step_index"] <= last]
+
+    got = verifies(rcv.spans_when(lambda spans: len(verifies(spans)) >= last - first + 1))
     res["verify_spans_exported"] = len(got)
     res["probe_log_lines_during_run"] = handler.records[:20]
     logging.getLogger("sgl_probe").removeHandler(handler)
@@ -130,14 +133,15 @@ def section_syncdebug(env: Env, rcv: gc.ReceiverProcess, cpu_us: float, steps: i
     time.sleep(0.1)
     timer = p_long.recorder.timer
     polls = []
-    real_ready = timer.ready
+    # Every readiness query of an end event goes through _done (the drain asks ready_prefix).
+    real_done = timer._done
 
-    def counting_ready(start, end):
-        r = real_ready(start, end)
+    def counting_done(end):
+        r = real_done(end)
         polls.append((time.perf_counter(), r))
         return r
 
-    timer.ready = counting_ready
+    timer._done = counting_done
     marker = t.cuda.Event()
     h0 = time.perf_counter()
     s_long.run_batch(gc.Batch(gc.ForwardMode.EXTEND, 1, extend_tokens=1))  # queues ~1 s of GPU work
@@ -150,7 +154,7 @@ def section_syncdebug(env: Env, rcv: gc.ReceiverProcess, cpu_us: float, steps: i
     busy_after = not marker.query()
     polls_busy = [r for (ts, r) in polls if h1 <= ts <= h2]
     env.sync()
-    timer.ready = real_ready
+    del timer._done
     res["host_ahead"] = {
         "gpu_work_ms_queued": per * reps, "probed_call_host_ms": (h1 - h0) * 1e3,
         "gpu_still_busy_after_s": round(h2 - h0, 3), "gpu_was_still_busy": busy_after,

@@ -250,6 +250,16 @@ class ReceiverProcess:
             pass
         return out
 
+    def spans_when(self, enough, timeout_s: float = 30.0) -> list[dict]:
+        """The spans received, once ``enough(spans)`` holds or ``timeout_s`` passed: the exporter
+        processes export on their own schedule, after the probe's flush returned."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            spans = self.spans()
+            if enough(spans) or time.monotonic() >= deadline:
+                return spans
+            time.sleep(0.2)
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()

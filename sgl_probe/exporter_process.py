@@ -49,6 +49,10 @@ class ProcessSink:
         self.idle_flush_s = cfg.idle_flush_s
         self.run_id, self.ident, self.spec, self.version = run_id, ident, spec, sglang_version
         self.pid = os.getpid()
+        # The exporter exports where the probe was configured to (OTEL_* and SGL_PROBE_* as they
+        # were when the probe loaded its configuration, before any later change to this process's
+        # environment), also when it is started or restarted later.
+        self._env = dict(os.environ)
         self.proc: Optional[subprocess.Popen] = None
         self.deaths = 0
         self.given_up = False
@@ -80,7 +84,7 @@ class ProcessSink:
         sent before waits in the link."""
         theirs = self._theirs
         self._theirs = None
-        env = dict(os.environ)
+        env = dict(self._env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
         env["SGL_PROBE"] = "0"  # the exporter is not a server process: nothing to instrument
         # ``-m`` would put the working directory first on sys.path (Python >= 3.11 honours this):

@@ -259,3 +259,19 @@ def test_the_exporter_imports_the_probe_that_started_it_not_one_in_the_working_d
               for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]
               if sp["name"] == "sglang.decode"]
     assert len(decode) == 5
+
+
+def test_the_exporter_exports_where_the_probe_was_configured_to(probe_factory, receiver, monkeypatch):  # noqa: F811
+    """The exporter process starts lazily, at the first drain; by then the process's environment
+    may have changed (a library, a benchmark restoring its env). It exports with the OTLP settings
+    the probe loaded its configuration with."""
+    probe = probe_factory(receiver.env("grpc"))
+    probe.ensure_pipeline()
+    assert probe.pipeline.sink.proc is None  # not started yet
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    sched = workload.Scheduler(None, tp_rank=0)
+    _decode(sched, 3)
+    probe.pipeline.flush(30.0)
+    spans = receiver.wait_for(lambda s: sum(x.name == "sglang.decode" for x in s) >= 3, timeout=30)
+    assert sum(x.name == "sglang.decode" for x in spans) == 3

@@ -223,6 +223,7 @@ class CudaTimer:
                 self.fast_stream = False
         if not self.fast_stream:
             self._stream_now = self._portable_stream  # type: ignore[method-assign]
+            self.stop = self._stop_portable  # type: ignore[method-assign]
 
     # -- hot side ---------------------------------------------------------------------------
     def _lookup_stream(self) -> Tuple[Any, int]:
@@ -290,17 +291,39 @@ class CudaTimer:
     def stop(self, token: Any, now_ns: int) -> Any:
         if token is None or self._capturing():
             return None
-        stream, device = self._stream_now()
+        # The stream look-up and :meth:`_end_on` inline: this runs on every phase, and each Python
+        # call costs more than its work on a scheduler thread whose caches SGLang keeps cold.
+        key = self._stream_key(-1)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._lookup_stream()[0]
         pool = self._pool
         ev = pool.pop() if pool else self._pop()
         self._record(ev, stream)
-        anchor = self._anchors.get(device)
+        anchor = self._anchors.get(key[1])
         if anchor is None:
-            # The first phase on this device and no idle stream yet: anchor on this end event (span
-            # positions are off by the work queued ahead of it until an idle-stream anchor replaces
-            # it at a later start).
-            anchor = self._anchors[device] = (ev, now_ns)
-            self._anchor_due = 0
+            return self._first_anchor(ev, stream, key[1], now_ns)
+        end = self._last_end = (ev, stream, now_ns, anchor)
+        return end
+
+    def _stop_portable(self, token: Any, now_ns: int) -> Any:
+        if token is None or self._capturing():
+            return None
+        stream = self._current_stream()
+        ev = self._pop()
+        self._record(ev, stream)
+        anchor = self._anchors.get(stream.device_index)
+        if anchor is None:
+            return self._first_anchor(ev, stream, stream.device_index, now_ns)
+        end = self._last_end = (ev, stream, now_ns, anchor)
+        return end
+
+    def _first_anchor(self, ev: Any, stream: Any, device: int, now_ns: int) -> Any:
+        """The first phase on this device and no idle stream yet: its end event is the anchor
+        (span positions are off by the work queued ahead of it until an idle-stream anchor
+        replaces it at a later start)."""
+        anchor = self._anchors[device] = (ev, now_ns)
+        self._anchor_due = 0
         end = self._last_end = (ev, stream, now_ns, anchor)
         return end
 

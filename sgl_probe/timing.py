@@ -144,8 +144,8 @@ def runtime_elapsed(cudart: Any, refused: Any, keep_gil: bool = False) -> Any:
 
 class CudaTimer:
     """One event per phase: the end. Token of ``start``: ``(host_ns, previous_end)``, plus the start
-    event with :meth:`record_starts`; token of ``stop``: ``(event, stream, host_ns, anchor)``, where
-    ``anchor`` is ``(event, perf_counter_ns)``.
+    event with :meth:`record_starts`, or ``None`` there when the stream was seen busy; token of
+    ``stop``: ``(event, stream, host_ns, anchor)``, where ``anchor`` is ``(event, perf_counter_ns)``.
 
     Where a phase starts on the GPU is decided on the drain thread, from what the hot path already
     has: the later of the call's entry (host clock) and the previous phase's end on the same stream.
@@ -154,7 +154,8 @@ class CudaTimer:
     up, the phase's first launch runs as soon as it is issued, and the entry is its start
     (``host_clock``: the interval includes that launch's latency). Ends map to the host clock
     through the anchor, so that comparison is as good as the anchor (a few µs: the anchor's own
-    launch latency; an idle-stream anchor is refreshed every 100 ms).
+    launch latency; an idle-stream anchor is refreshed every 100 ms). While no idle stream renews a
+    due anchor, each start asks the stream instead, and a busy one means the previous end.
 
     Why not a start event, or a driver query deciding between one and the host clock (the previous
     release): in the real launch-bound server each driver call cost 2-7 µs of the scheduler
@@ -256,23 +257,29 @@ class CudaTimer:
         return pool.pop() if pool else self._new()
 
     def start(self, now_ns: int) -> Any:
-        if now_ns >= self._anchor_due:
-            self._refresh_anchor(now_ns)
+        if now_ns >= self._anchor_due and self._refresh_anchor(now_ns) is False:
+            # The stream is busy and the anchor is due: the drain must not decide by an anchor
+            # that may have drifted (a GPU-bound server can go minutes without an idle stream).
+            # What the query saw decides instead: the GPU is behind, so the previous end starts.
+            return (now_ns, self._last_end, None)
         return (now_ns, self._last_end)
 
-    def _refresh_anchor(self, now_ns: int) -> None:
+    def _refresh_anchor(self, now_ns: int) -> Optional[bool]:
         """An anchor is an event recorded on an idle stream, so the GPU reaches it one launch
-        latency after the host clock taken with it. A busy stream is tried again at the next start;
-        so is everything while a graph is being captured (a record would break the capture)."""
+        latency after the host clock taken with it (a stream of its own would not do: with few
+        hardware queues, e.g. ``CUDA_DEVICE_MAX_CONNECTIONS=1``, its record waits behind the busy
+        stream's work). True: a fresh anchor; False: the stream is busy, tried again at the next
+        start; None: a graph is being captured (a record would break the capture)."""
         if self._capturing():
-            return
+            return None
         stream, device = self._stream_now()
         if not self._stream_query(stream):
-            return
+            return False
         ev = self._new()
         self._record(ev, stream)
         self._anchors[device] = (ev, now_ns)
         self._anchor_due = now_ns + self._ANCHOR_EVERY_NS
+        return True
 
     def record_starts(self) -> None:
         """Benchmark switch: every phase also records a start event (two events per phase, the
@@ -283,7 +290,7 @@ class CudaTimer:
     def _start_recorded(self, now_ns: int) -> Any:
         token = CudaTimer.start(self, now_ns)
         if self._capturing():
-            return token
+            return token[:2]
         ev = self._pop()
         self._record(ev, self._stream_now()[0])
         return (now_ns, token[1], ev)
@@ -465,15 +472,21 @@ class CudaTimer:
             t1 = floor
         t0 = start[0] + offset
         kind = HOST_CLOCK
-        if len(start) > 2:  # record_starts: the phase's own start event
+        if len(start) > 2 and start[2] is not None:  # record_starts: the phase's own start event
             t0 = anchor_host + offset + round(elapsed(anchor_ev, start[2]) * 1e6)
             kind = GPU_EVENT
         else:
             chain_end, chain_t = self._chain
             last = start[1]
             # The end token itself, not its event, identifies the previous phase: an event comes
-            # back from the pool for later phases, a token is never reused.
-            if last is not None and last is chain_end and chain_t > t0 and (last[1] is stream or last[1] == stream):
+            # back from the pool for later phases, a token is never reused. A start whose stream
+            # was seen busy (third item None) came with a due anchor, which may have drifted: its
+            # previous end counts unless it mapped earlier than the entry by more than the drift
+            # could explain (20 ppm of the anchor's age, twice the worst measured, plus the
+            # anchor tolerance), e.g. when other work kept the stream busy after a long idle gap.
+            if last is not None and last is chain_end and (last[1] is stream or last[1] == stream) and (
+                    chain_t > t0 or (len(start) > 2 and chain_t > t0 - (start[0] - anchor_host) // 50_000
+                                     - self._ANCHOR_TOLERANCE_NS)):
                 t0 = chain_t
                 kind = GPU_EVENT
         if t1 < t0:
@@ -491,7 +504,7 @@ class CudaTimer:
         """Drain side (or a dropped step on the hot side): hand the events back for reuse; an end
         event that is its own anchor stays out of the pool (anchors stay alive)."""
         returned = self._returned
-        if start is not None and len(start) > 2:
+        if start is not None and len(start) > 2 and start[2] is not None:
             returned.append(start[2])
         if end is not None and end[0] is not end[3][0]:
             returned.append(end[0])

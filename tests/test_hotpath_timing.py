@@ -252,3 +252,35 @@ def test_a_step_run_while_a_graph_is_captured_queues_nothing():
     ft.capturing = False
     ph = rig.decode_step(2)
     assert len(rig.rec.steps) == n_steps + 1 and ph.t_end is not None and len(ft.records) == n_records + 1
+
+
+def test_with_a_due_anchor_and_a_busy_stream_the_query_decides_not_the_anchor():
+    """A GPU-bound server may find no idle stream for minutes, so its anchor drifts (up to ~10 ppm
+    measured). Once the anchor is due, every start asks the stream: a busy one means the previous
+    end starts the phase even where the drifted anchor maps that end before the call; an end that
+    maps earlier than any drift could explain (the stream busy with other work after a gap) does
+    not."""
+    ft, timer = _timer()
+    _phase(ft, timer, 0.0, 0.0)  # the anchor, at 0
+    t1, e1 = _phase(ft, timer, 10.0, 11.0)
+    ft.gpu_ms = 11.0
+    timer.interval_kind(t1, e1)
+    later = 300_000.0  # five minutes on, the GPU busy ever since: no idle stream, no new anchor
+    ft.gpu_ms, ft.queued_ms = later - 5.0, later + 1.0
+    t2, e2 = _phase(ft, timer, later - 8.0, later + 2.0)
+    t3, e3 = _phase(ft, timer, later, later + 6.0)
+    assert t2[2:] == (None,) and t3[2:] == (None,)  # due, asked, busy
+    ft.gpu_ms = later + 6.0
+    timer._anchors[0][0].t += 3.0  # the anchor drifted (10 ppm): every later end maps 3 ms early
+    got2 = timer.interval_kind(t2, e2)
+    got3 = timer.interval_kind(t3, e3)
+    assert got2 == (timer.wall(host(later - 8.0)), timer.wall(host(later - 1.0)), HOST_CLOCK)
+    # e2 maps 1 ms before t3's call; the stream was busy, and 1 ms is within what five minutes of
+    # drift can explain: e2 starts t3.
+    assert got3 == (got2[1], got2[1] + 4_000_000, GPU_EVENT)
+    # The stream busy with other work 60 ms after the previous end: drift cannot explain that gap.
+    ft.gpu_ms, ft.queued_ms = later + 60.0, later + 70.0
+    t4, e4 = _phase(ft, timer, later + 66.0, later + 70.0)
+    assert t4[2:] == (None,)
+    ft.gpu_ms = later + 70.0
+    assert timer.interval_kind(t4, e4) == (timer.wall(host(later + 66.0)), timer.wall(host(later + 67.0)), HOST_CLOCK)

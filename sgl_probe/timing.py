@@ -298,8 +298,8 @@ class CudaTimer:
     def stop(self, token: Any, now_ns: int) -> Any:
         if token is None or self._capturing():
             return None
-        # The stream look-up and :meth:`_end_on` inline: this runs on every phase, and each Python
-        # call costs more than its work on a scheduler thread whose caches SGLang keeps cold.
+        # The stream look-up inline: this runs on every phase, and each Python call costs more
+        # than its work on a scheduler thread whose caches SGLang keeps cold.
         key = self._stream_key(-1)
         stream = self._streams.get(key)
         if stream is None:

@@ -1,6 +1,7 @@
 """Interval timers behind one interface: CUDA events on the GPU, perf_counter_ns on the CPU.
 
-Hot side (the scheduler thread): ``start(now_ns) -> token | None`` and ``stop(token, now_ns)``.
+Hot side (the scheduler thread): ``start(now_ns) -> token`` and ``stop(token, now_ns) -> token | None``
+(None: nothing was recorded, a graph was being captured).
 Drain side (the export thread): ``ready``, ``interval_kind``, ``wall``, ``release``.
 
 The CUDA timer never synchronizes: end events come from a pool, are recorded on the current
@@ -296,7 +297,7 @@ class CudaTimer:
         return (now_ns, token[1], ev)
 
     def stop(self, token: Any, now_ns: int) -> Any:
-        if token is None or self._capturing():
+        if self._capturing():
             return None
         # The stream look-up inline: this runs on every phase, and each Python call costs more
         # than its work on a scheduler thread whose caches SGLang keeps cold.
@@ -314,7 +315,7 @@ class CudaTimer:
         return end
 
     def _stop_portable(self, token: Any, now_ns: int) -> Any:
-        if token is None or self._capturing():
+        if self._capturing():
             return None
         stream = self._current_stream()
         ev = self._pop()

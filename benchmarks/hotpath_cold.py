@@ -12,7 +12,7 @@ step hooks off, as SGLang runs with the probe paused); the drain waits until the
 export is off (this is the hot path, not the drain or the export: ``export_cpu.py``).
 
     python3 benchmarks/hotpath_cold.py [--evict-kb 4096] [--steps 400] [--repeats 12] [--json FILE]
-                                       [--roles step,phase,graph]
+                                       [--roles step,phase,graph] [--hotpaths c,python]
 
 ``--roles``: wrap only these of the table's roles (what each wrapped call costs cold).
 
@@ -40,12 +40,23 @@ from sched_shape import ROLES, install, table  # noqa: E402
 MODULE = "hotpath_cold_workload"
 
 
-def _workload():
+def _workload(name: str):
     """The scheduler-shaped module (:mod:`sched_shape`) with no work of its own in the forward, so
     the timed call is the probe's wrappers and the bare calls under them."""
     from tests.workload import Batch, ForwardMode
 
-    return install(MODULE, lambda: None), Batch(ForwardMode.DECODE, 16)
+    batch = Batch(ForwardMode.DECODE, 16)
+    batch.seq_lens = _SeqLens((16,))  # what the readers see of SGLang's tensor: its shape
+    return install(name, lambda: None), batch
+
+
+class _SeqLens:
+    """SGLang's ``seq_lens`` tensor as the probe reads it (``shape`` only, never the data)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple) -> None:
+        self.shape = shape
 
 
 class _Obj:
@@ -70,25 +81,32 @@ def _evictor(kb: int):
     return walk
 
 
-def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES) -> dict:
+def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES, hotpaths: tuple = ("auto",)) -> dict:
+    """``hotpaths``: one probe per hot path (``SGL_PROBE_HOTPATH`` values), each on its own copy of
+    the workload, their blocks interleaved."""
     # No drain pass during the blocks: its GIL holds would land in whichever timed call they
     # interrupt (export_cpu.py measures those); the records wait, none dropped.
     os.environ.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
                        "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
     for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         os.environ.pop(key, None)
+    import dataclasses
+
     from sgl_probe import config
     from sgl_probe.activate import Probe
 
-    Scheduler, batch = _workload()
-    probe = Probe(config.load(), targets=table(MODULE, roles))
-    probe.instrumentor.instrument()
-    sched = Scheduler()
-    step_hooks = [h for h in probe.instrumentor.hooks if h.target.role == "step"]
     walk = _evictor(evict_kb)
     clock = time.perf_counter_ns
+    rigs = {}
+    for hp in hotpaths:
+        name = f"{MODULE}_{hp}"
+        Scheduler, batch = _workload(name)
+        probe = Probe(dataclasses.replace(config.load(), hotpath=hp), targets=table(name, roles))
+        probe.instrumentor.instrument()
+        rigs[hp] = (probe, Scheduler(), batch, [h for h in probe.instrumentor.hooks if h.target.role == "step"])
 
-    def block(recording: bool, cold: bool) -> float:
+    def block(hp: str, recording: bool, cold: bool) -> float:
+        _, sched, batch, step_hooks = rigs[hp]
         for h in step_hooks:
             h.enabled = recording
         total = 0
@@ -100,28 +118,44 @@ def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES) -> dict:
             total += clock() - t
         return total / steps / 1e3
 
-    for cold in (True, False):  # warm-up: first calls, the drain thread's start
-        for recording in (True, False):
-            block(recording, cold)
-    got: dict = {(r, c): [] for r in (True, False) for c in (True, False)}
+    for hp in hotpaths:  # warm-up: first calls, the drain thread's start
+        for cold in (True, False):
+            for recording in (True, False):
+                block(hp, recording, cold)
+    got: dict = {(h, r, c): [] for h in hotpaths for r in (True, False) for c in (True, False)}
     for i in range(repeats):
-        order = [(True, True), (False, True), (True, False), (False, False)]
+        order = [(h, r, c) for c in (True, False) for h in hotpaths for r in (True, False)]
         for key in (order if i % 2 == 0 else order[::-1]):
             got[key].append(block(*key))
-    recorded = len(probe.recorder.steps)
-    probe.instrumentor.uninstrument()
-    if probe.pipeline is not None:
-        probe.pipeline.shutdown()
     out: dict = {"evict_kb": evict_kb, "steps": steps, "repeats": repeats, "timer": "cpu", "roles": list(roles),
-                 "python": sys.version.split()[0], "cpu_count": os.cpu_count(), "steps_recorded": recorded}
-    for cold in (True, False):
-        name = "cold" if cold else "warm"
-        cost = [a - b for a, b in zip(got[(True, cold)], got[(False, cold)])]
-        med, lo, hi = bootstrap_median_ci(cost)
-        out[name] = {"recording_us": statistics.median(got[(True, cold)]),
-                     "paused_us": statistics.median(got[(False, cold)]),
-                     "probe_us": med, "probe_us_ci95": [lo, hi]}
-    out["probe_cold_over_warm"] = out["cold"]["probe_us"] / out["warm"]["probe_us"] if out["warm"]["probe_us"] > 0 else None
+                 "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+    for hp in hotpaths:
+        probe = rigs[hp][0]
+        res: dict = {"hotpath": probe.recorder.hotpath, "steps_recorded": len(probe.recorder.steps)}
+        probe.instrumentor.uninstrument()
+        if probe.pipeline is not None:
+            probe.pipeline.shutdown()
+        for cold in (True, False):
+            name = "cold" if cold else "warm"
+            cost = [a - b for a, b in zip(got[(hp, True, cold)], got[(hp, False, cold)])]
+            med, lo, hi = bootstrap_median_ci(cost)
+            res[name] = {"recording_us": statistics.median(got[(hp, True, cold)]),
+                         "paused_us": statistics.median(got[(hp, False, cold)]),
+                         "probe_us": med, "probe_us_ci95": [lo, hi]}
+        res["probe_cold_over_warm"] = (res["cold"]["probe_us"] / res["warm"]["probe_us"]
+                                       if res["warm"]["probe_us"] > 0 else None)
+        if len(hotpaths) == 1:
+            out.update(res)
+        else:
+            out[hp] = res
+    if set(hotpaths) >= {"c", "python"}:
+        # Paired per repeat: the C probe's cold cost over the Python one's.
+        pairs = [(a - b) / (x - y) for a, b, x, y in zip(got[("c", True, True)], got[("c", False, True)],
+                                                         got[("python", True, True)], got[("python", False, True)])
+                 if x - y > 0]
+        if pairs:
+            med, lo, hi = bootstrap_median_ci(pairs)
+            out["cold_probe_c_over_python"] = {"median": med, "ci95": [lo, hi]}
     return out
 
 
@@ -131,12 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=400, help="steps per block")
     ap.add_argument("--repeats", type=int, default=12, help="blocks per state")
     ap.add_argument("--roles", default=",".join(ROLES), help="wrap only these roles (comma-separated)")
+    ap.add_argument("--hotpaths", default="auto",
+                    help="comma-separated SGL_PROBE_HOTPATH values, measured side by side (e.g. c,python)")
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
     roles = tuple(args.roles.split(","))
     if not set(roles) <= set(ROLES) or "step" not in roles:
         ap.error(f"--roles: from {ROLES}, step among them (phases are recorded inside a step)")
-    print_result(run(args.evict_kb, args.steps, args.repeats, roles), args.json)
+    hotpaths = tuple(args.hotpaths.split(","))
+    if not set(hotpaths) <= {"auto", "c", "python"} or len(set(hotpaths)) != len(hotpaths):
+        ap.error("--hotpaths: distinct values from auto, c, python")
+    print_result(run(args.evict_kb, args.steps, args.repeats, roles, hotpaths), args.json)
     return 0
 
 

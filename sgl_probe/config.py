@@ -22,6 +22,7 @@ T = TypeVar("T")
 class Config:
     enabled: bool = True
     timer: str = "auto"  # auto | cuda | cpu
+    hotpath: str = "auto"  # auto | c | python (sgl_probe.hotpath)
     trace_dir: str | None = None
     summary_s: float = 30.0
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
@@ -107,6 +108,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     cfg = Config(
         enabled=get("SGL_PROBE", _parse_bool, True, "1/true/yes/on or 0/false/no/off"),
         timer=get("SGL_PROBE_TIMER", _parse_choice(("auto", "cuda", "cpu")), "auto", "auto, cuda, cpu"),
+        hotpath=get("SGL_PROBE_HOTPATH", _parse_choice(("auto", "c", "python")), "auto", "auto, c, python"),
         trace_dir=get("SGL_PROBE_TRACE_DIR", str, None, "a directory path"),
         summary_s=get("SGL_PROBE_SUMMARY_S", _parse_nonneg_float, defaults.summary_s,
                       "a number of seconds >= 0 (0 turns the summary line off)"),

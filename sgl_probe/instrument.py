@@ -95,7 +95,11 @@ HANDLERS: dict[str, Handler] = {
 def _plain_method(owner: Any, attr: str) -> bool:
     """The per-step replacements take ``self`` first: only a plain function in a class is one
     (not a staticmethod, classmethod, or someone else's wrapper object)."""
-    return isinstance(owner, type) and type(vars(owner)[attr]) is types.FunctionType
+    if not isinstance(owner, type):
+        return False
+    current = vars(owner)[attr]
+    # Ours already (the C hot path's wrappers are not Python functions): it replaced a plain one.
+    return type(current) is types.FunctionType or getattr(current, "_self_sgl_probe_hook", None) is not None
 
 
 class Instrumentor:

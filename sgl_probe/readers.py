@@ -219,6 +219,17 @@ def accept_length(args: tuple, kwargs: dict) -> Optional[tuple[int, float]]:
     return None
 
 
+#: Readers whose common case the C hot path reads itself (``sgl_probe._hot``: the step and decode
+#: shapes ``step`` and ``forward`` inline above), falling back to them for anything else.
+_C_READERS = {"step": 1, "forward": 2}
+
+
+def c_reader(target) -> tuple[int, dict, dict]:
+    """For the C wrappers: which of their readers serves ``target`` (0: none), and the two
+    look-up tables the Python readers fill (the C one only reads them)."""
+    return _C_READERS.get(target.reader, 0), _MODE_NAMES, _PHASE_OF
+
+
 EnterReader = Callable[[Any, tuple, dict, dict], Facts]
 ENTER: dict[str, EnterReader] = {
     "step": step,

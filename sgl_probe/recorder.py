@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from sgl_probe import no_graph, readers
+from sgl_probe import hotpath, no_graph, readers
 
 perf_counter_ns = time.perf_counter_ns
 
@@ -86,9 +86,13 @@ class _ThreadState(threading.local):
 class Recorder:
     """Per-process recording state. One scheduler thread drives it; the drain thread consumes."""
 
-    def __init__(self, timer_choice: str, max_pending: int, log) -> None:
+    def __init__(self, timer_choice: str, max_pending: int, log, hot: str = "auto") -> None:
         self._timer_choice = timer_choice
         self._log = log
+        # The C versions of step_method / phase_method and of the CUDA timer's start / stop, or None
+        # (sgl_probe.hotpath).
+        self.c = hotpath.load(hot)
+        self.hotpath = hotpath.name(self.c)
         self.max_pending = max_pending
         self.timer: Any = None
         self.tls = _ThreadState()
@@ -112,7 +116,7 @@ class Recorder:
         if self.timer is None:
             from sgl_probe.timing import make_timer
 
-            self.timer = make_timer(self._timer_choice, self._log)
+            self.timer = make_timer(self._timer_choice, self._log, self.c)
         return self.timer
 
     def drop(self, st: StepRecord) -> None:
@@ -131,6 +135,8 @@ class Recorder:
         rec, tls, steps, spec = self, self.tls, self.steps, self.spec
         target = hook.target
         read = readers.ENTER[target.reader]
+        if self.c is not None:
+            return self.c.StepHook(rec, tls, steps, spec, hook, target, read, orig, globals(), *readers.c_reader(target))
 
         def step(obj, *args, **kwargs):
             cur = tls.cur
@@ -177,6 +183,9 @@ class Recorder:
         # when it is not there.
         leave_attr = leave is readers.result_graph_attr
         why = no_graph.reason_for(target.runner)
+        if self.c is not None:
+            return self.c.PhaseHook(rec, tls, awaiting, spec, hook, target, name, read, leave, leave_attr, why, orig,
+                                    globals(), *readers.c_reader(target))
 
         def phase(obj, *args, **kwargs):
             cur = tls.cur
@@ -245,6 +254,8 @@ class Recorder:
     def graph_method(self, hook, orig: Callable) -> Callable:
         """A graph replay: marks the open phase as having run a captured graph."""
         tls = self.tls
+        if self.c is not None:
+            return self.c.MarkHook(tls, hook, orig, "graph", globals())
 
         def graph(obj, *args, **kwargs):
             ph = tls.cur[1]
@@ -259,6 +270,8 @@ class Recorder:
         SGLang's runners prepare the graph's inputs on the host before it (tens to hundreds of
         microseconds), so this, not the runner's entry, is where the graph's GPU time starts."""
         tls = self.tls
+        if self.c is not None:
+            return self.c.MarkHook(tls, hook, orig, "launch", globals())
 
         def launch(obj, *args, **kwargs):
             ph = tls.cur[1]

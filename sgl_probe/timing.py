@@ -59,8 +59,10 @@ class CpuTimer:
     kind = "cpu"
     host_clock = True
 
-    def __init__(self) -> None:
+    def __init__(self, fast: Any = None) -> None:
         self._offset = self.offset = time.time_ns() - perf_counter_ns()
+        if fast is not None:  # the same two identities in C (sgl_probe.hotpath)
+            self.start, self.stop = fast.cpu_start, fast.cpu_stop  # type: ignore[method-assign]
 
     def start(self, now_ns: int) -> Any:
         return now_ns
@@ -180,7 +182,7 @@ class CudaTimer:
     _POOL_MAX = 4096
     _STREAMS_MAX = 256
 
-    def __init__(self, torch_mod: Any) -> None:
+    def __init__(self, torch_mod: Any, fast: Any = None) -> None:
         cuda = torch_mod.cuda
         C = torch_mod._C
         Event = cuda.Event
@@ -226,6 +228,11 @@ class CudaTimer:
         if not self.fast_stream:
             self._stream_now = self._portable_stream  # type: ignore[method-assign]
             self.stop = self._stop_portable  # type: ignore[method-assign]
+        elif fast is not None:
+            # start / stop in C (sgl_probe.hotpath), over this object's own state: the drain thread
+            # and the Python methods here see and change the same dict and containers.
+            c = fast.CudaFast(self, vars(self))
+            self.start, self.stop = c.start, c.stop  # type: ignore[method-assign]
 
     # -- hot side ---------------------------------------------------------------------------
     def _lookup_stream(self) -> Tuple[Any, int]:
@@ -511,10 +518,11 @@ class CudaTimer:
             returned.append(end[0])
 
 
-def make_timer(choice: str, log) -> Any:
-    """``auto`` picks CUDA only where this process has already put work on a CUDA device."""
+def make_timer(choice: str, log, fast: Any = None) -> Any:
+    """``auto`` picks CUDA only where this process has already put work on a CUDA device. ``fast``:
+    the C hot path (:mod:`sgl_probe.hotpath`), for the CUDA timer's start / stop."""
     if choice == "cpu":
-        return CpuTimer()
+        return CpuTimer(fast)
     try:
         import torch
 
@@ -522,7 +530,7 @@ def make_timer(choice: str, log) -> Any:
     except Exception:
         usable = False
     if usable:
-        return CudaTimer(torch)
+        return CudaTimer(torch, fast)
     if choice == "cuda":
         log.warning("sgl-probe: SGL_PROBE_TIMER=cuda but CUDA is not available here; using the cpu timer")
-    return CpuTimer()
+    return CpuTimer(fast)

@@ -15,6 +15,7 @@ from sgl_probe import config, targets
 from sgl_probe.instrument import Hook
 from sgl_probe.recorder import Recorder
 from sgl_probe.timing import CpuTimer
+from tests.hotpaths import both_hotpaths, recorder_hotpath  # noqa: F401  (every test: C and Python)
 
 try:  # the one place the span builder and the summary read the graph flag from
     from sgl_probe.drain import graph_used

@@ -11,7 +11,9 @@ import collections
 
 from sgl_probe.contract import START_VALUES
 from sgl_probe.timing import GPU_EVENT, HOST_CLOCK, CpuTimer, CudaTimer
+from tests.hotpaths import c_module
 from tests.test_gpu_free_parts import _counting_timer, _FakeTorch
+import pytest
 
 BASE = 10**12
 
@@ -20,9 +22,19 @@ def host(ms: float) -> int:
     return BASE + int(round(ms * 1e6))
 
 
+@pytest.fixture(autouse=True, params=["c", "python"])
+def timer_hotpath(request, monkeypatch):
+    """Every test here runs with the C start / stop (sgl_probe._hot.CudaFast) and the Python ones."""
+    monkeypatch.setitem(FAST, "fast", c_module() if request.param == "c" else None)
+    return request.param
+
+
+FAST: dict = {"fast": None}
+
+
 def _timer(ft=None):
     ft = ft or _FakeTorch()
-    timer = CudaTimer(ft)
+    timer = CudaTimer(ft, FAST["fast"])
     timer.relax_capture_mode = False
     return ft, timer
 

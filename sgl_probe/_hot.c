@@ -1,0 +1,1386 @@
+/* The hot path in C: the per-step wrappers, their two records and the CUDA timer's start / stop.
+
+Why C: between two scheduler steps SGLang issues hundreds of kernel launches that evict the
+probe's code and data from the CPU caches, so what a step costs the probe is roughly its number of
+interpreted Python operations times a cache-cold miss. On the H200 host the Python versions of
+these functions cost ~34 us per step of interpreter work around ~13 us of driver calls (the tiny
+launch-bound server, BENCHMARKS.md); the same logic in C is a few hundred instructions.
+
+Each function here is the exact counterpart of the Python code it stands for (named in its
+comment), which stays the fallback (SGL_PROBE_HOTPATH=python, or a platform where this did not
+build); the tests run both and compare their records field by field. The rules are the Python
+ones: SGLang's call runs exactly once with its own arguments and its exceptions propagate
+unchanged; an Exception inside the probe's own work goes to ``hook.fail(exc)`` (one log line, the
+hook switched off); a BaseException that is not an Exception propagates, as in Python.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#include <string.h>
+#include <time.h>
+
+static PyObject *s__capturing, *s__stream_key, *s__streams, *s__pool, *s__record, *s__anchors;
+static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
+static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
+    *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_last_end,
+    *s_refresh_anchor, *s_lookup_stream, *s_pop, *s_first_anchor, *s_append;
+static PyObject *int_one, *int_minus_one;
+static PyObject *perf_counter_ns;
+
+/* time.perf_counter_ns(): CLOCK_MONOTONIC on Linux (what CPython itself reads there). */
+static PyObject *
+clock_ns(void)
+{
+#if defined(__linux__)
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0)
+        return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec);
+#endif
+    return PyObject_CallNoArgs(perf_counter_ns);
+}
+
+/* getattr(obj, name, default) without building the AttributeError where the type can say "absent"
+   directly (as getattr() itself does): 1 found (*out a new reference), 0 absent, -1 error. */
+static int
+lookup_attr(PyObject *obj, PyObject *name, PyObject **out)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(obj, name, out);
+#else
+    return _PyObject_LookupAttr(obj, name, out);
+#endif
+}
+
+/* getattr(obj, name, None) as a new reference; NULL only on an error other than AttributeError. */
+static PyObject *
+getattr_or_none(PyObject *obj, PyObject *name)
+{
+    PyObject *v;
+    int found = lookup_attr(obj, name, &v);
+    if (found < 0)
+        return NULL;
+    return found ? v : Py_NewRef(Py_None);
+}
+
+/* ---- the records (recorder.PhaseRecord / recorder.StepRecord) ------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *phase, *mode, *batch_size, *num_tokens, *host0, *host1, *t_start, *t_end, *graph, *graph_hook,
+        *launch_ns, *no_graph_reason, *error, *accept_length, *target;
+} PhaseRecordObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *index, *mode, *batch_size, *num_tokens, *host0, *host1, *phases, *error;
+} StepRecordObject;
+
+#define N_PHASE_FIELDS 15
+#define N_STEP_FIELDS 8
+#define FIELDS(o) ((PyObject **)((char *)(o) + sizeof(PyObject)))
+
+static PyTypeObject PhaseRecordType, StepRecordType;
+
+static int
+record_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_ssize_t n = Py_TYPE(self) == &PhaseRecordType ? N_PHASE_FIELDS : N_STEP_FIELDS;
+    PyObject **f = FIELDS(self);
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_VISIT(f[i]);
+    return 0;
+}
+
+static int
+record_clear(PyObject *self)
+{
+    Py_ssize_t n = Py_TYPE(self) == &PhaseRecordType ? N_PHASE_FIELDS : N_STEP_FIELDS;
+    PyObject **f = FIELDS(self);
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_CLEAR(f[i]);
+    return 0;
+}
+
+static void
+record_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    record_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* The four facts of a reader's result: a tuple of exactly four, as tuple unpacking demands. */
+static int
+unpack_facts(PyObject *facts, PyObject **out)
+{
+    if (!PyTuple_Check(facts) || PyTuple_GET_SIZE(facts) != 4) {
+        PyErr_Format(PyExc_ValueError, "sgl-probe: a reader returned %.100s, not four facts",
+                     Py_TYPE(facts)->tp_name);
+        return -1;
+    }
+    for (int i = 0; i < 4; i++)
+        out[i] = PyTuple_GET_ITEM(facts, i);
+    return 0;
+}
+
+static PyObject *
+phase_record_from(PyObject **fx, PyObject *target, PyObject *host0, PyObject *t_start)
+{
+    PhaseRecordObject *ph = PyObject_GC_New(PhaseRecordObject, &PhaseRecordType);
+    if (ph == NULL)
+        return NULL;
+    ph->phase = Py_NewRef(fx[0]);
+    ph->mode = Py_NewRef(fx[1]);
+    ph->batch_size = Py_NewRef(fx[2]);
+    ph->num_tokens = Py_NewRef(fx[3]);
+    ph->target = Py_NewRef(target);
+    ph->host0 = Py_NewRef(host0);
+    ph->host1 = Py_NewRef(host0);
+    ph->t_start = Py_NewRef(t_start);
+    ph->t_end = Py_NewRef(Py_None);
+    ph->graph = Py_NewRef(Py_None);
+    ph->graph_hook = Py_NewRef(Py_False);
+    ph->launch_ns = PyLong_FromLong(0);
+    ph->no_graph_reason = Py_NewRef(Py_None);
+    ph->error = Py_NewRef(Py_None);
+    ph->accept_length = Py_NewRef(Py_None);
+    PyObject_GC_Track((PyObject *)ph);
+    return (PyObject *)ph;
+}
+
+static PyObject *
+phase_record_make(PyObject *facts, PyObject *target, PyObject *host0, PyObject *t_start)
+{
+    PyObject *fx[4];
+    if (unpack_facts(facts, fx) < 0)
+        return NULL;
+    return phase_record_from(fx, target, host0, t_start);
+}
+
+static PyObject *
+step_record_from(PyObject *index, PyObject **fx, PyObject *host0)
+{
+    PyObject *phases = PyList_New(0);
+    if (phases == NULL)
+        return NULL;
+    StepRecordObject *st = PyObject_GC_New(StepRecordObject, &StepRecordType);
+    if (st == NULL) {
+        Py_DECREF(phases);
+        return NULL;
+    }
+    st->index = Py_NewRef(index);
+    st->mode = Py_NewRef(fx[1]);
+    st->batch_size = Py_NewRef(fx[2]);
+    st->num_tokens = Py_NewRef(fx[3]);
+    st->host0 = Py_NewRef(host0);
+    st->host1 = Py_NewRef(host0);
+    st->phases = phases;
+    st->error = Py_NewRef(Py_None);
+    PyObject_GC_Track((PyObject *)st);
+    return (PyObject *)st;
+}
+
+static PyObject *
+step_record_make(PyObject *index, PyObject *facts, PyObject *host0)
+{
+    PyObject *fx[4];
+    if (unpack_facts(facts, fx) < 0)
+        return NULL;
+    return step_record_from(index, fx, host0);
+}
+
+static PyObject *
+phase_record_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"facts", "target", "host0", "t_start", NULL};
+    PyObject *facts, *target, *host0, *t_start;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO:PhaseRecord", kw, &facts, &target, &host0, &t_start))
+        return NULL;
+    return phase_record_make(facts, target, host0, t_start);
+}
+
+static PyObject *
+step_record_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"index", "facts", "host0", NULL};
+    PyObject *index, *facts, *host0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:StepRecord", kw, &index, &facts, &host0))
+        return NULL;
+    return step_record_make(index, facts, host0);
+}
+
+#define PM(name) {#name, T_OBJECT_EX, offsetof(PhaseRecordObject, name), 0, NULL}
+static PyMemberDef phase_members[] = {
+    PM(phase), PM(mode), PM(batch_size), PM(num_tokens), PM(host0), PM(host1), PM(t_start), PM(t_end),
+    PM(graph), PM(graph_hook), PM(launch_ns), PM(no_graph_reason), PM(error), PM(accept_length), PM(target),
+    {NULL}};
+#define SM(name) {#name, T_OBJECT_EX, offsetof(StepRecordObject, name), 0, NULL}
+static PyMemberDef step_members[] = {
+    SM(index), SM(mode), SM(batch_size), SM(num_tokens), SM(host0), SM(host1), SM(phases), SM(error), {NULL}};
+
+static PyTypeObject PhaseRecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sgl_probe._hot.PhaseRecord",
+    .tp_doc = "recorder.PhaseRecord, built in C by the C phase wrapper.",
+    .tp_basicsize = sizeof(PhaseRecordObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = phase_record_new,
+    .tp_dealloc = record_dealloc,
+    .tp_traverse = record_traverse,
+    .tp_clear = record_clear,
+    .tp_members = phase_members,
+};
+
+static PyTypeObject StepRecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sgl_probe._hot.StepRecord",
+    .tp_doc = "recorder.StepRecord, built in C by the C step wrapper.",
+    .tp_basicsize = sizeof(StepRecordObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = step_record_new,
+    .tp_dealloc = record_dealloc,
+    .tp_traverse = record_traverse,
+    .tp_clear = record_clear,
+    .tp_members = step_members,
+};
+
+/* ---- the wrappers (Recorder.step_method / Recorder.phase_method) --------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *rec, *tls, *spec, *hook, *target, *read, *orig;
+    PyObject *clock_from;   /* the namespace whose ``perf_counter_ns`` the Python version reads */
+    PyObject *queue_append; /* step: rec.steps.append; phase: rec.awaiting_accept.append */
+    PyObject *queue;        /* step: rec.steps */
+    PyObject *name, *leave, *why; /* phase only */
+    PyObject *mode_names, *phase_of; /* readers._MODE_NAMES / readers._PHASE_OF, for the C readers */
+    int leave_attr;
+    int fast_read; /* FAST_STEP / FAST_FORWARD: the reader's common case in C (see read_fast) */
+    int mark;      /* MarkHook: MARK_GRAPH or MARK_LAUNCH */
+} HookObject;
+
+#define N_HOOK_OBJS 16
+enum { FAST_NONE = 0, FAST_STEP = 1, FAST_FORWARD = 2 };
+enum { MARK_GRAPH = 1, MARK_LAUNCH = 2 };
+#define HOOK_OBJS(h) (&(h)->dict)
+
+static int
+hook_traverse(HookObject *h, visitproc visit, void *arg)
+{
+    PyObject **f = HOOK_OBJS(h);
+    for (int i = 0; i < N_HOOK_OBJS; i++)
+        Py_VISIT(f[i]);
+    return 0;
+}
+
+static int
+hook_clear(HookObject *h)
+{
+    PyObject **f = HOOK_OBJS(h);
+    for (int i = 0; i < N_HOOK_OBJS; i++)
+        Py_CLEAR(f[i]);
+    return 0;
+}
+
+static void
+hook_dealloc(HookObject *h)
+{
+    PyObject_GC_UnTrack(h);
+    hook_clear(h);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+/* As a function in a class: bound to an instance, itself when read from the class. */
+static PyObject *
+hook_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+/* The clock the Python version reads (its module's ``perf_counter_ns``, which tests replace): the
+   C clock itself while that is time.perf_counter_ns. */
+static PyObject *
+now_ns(HookObject *h)
+{
+    PyObject *fn = PyDict_GetItemWithError(h->clock_from, s_perf_counter_ns);
+    if (fn == perf_counter_ns)
+        return clock_ns();
+    if (fn == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_NameError, "perf_counter_ns");
+        return NULL;
+    }
+    return PyObject_CallNoArgs(fn);
+}
+
+/* The probe's own work raised. An Exception goes to hook.fail (0: carry on without the probe); a
+   BaseException that is not one (KeyboardInterrupt, SystemExit) stays set (-1: propagate), as the
+   Python versions' ``except Exception`` do. */
+static int
+probe_failed(HookObject *h)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *r = PyObject_CallMethodOneArg(h->hook, s_fail, value ? value : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The thread's [open step, open phase] list (recorder._ThreadState.cur). */
+static PyObject *
+thread_cur(HookObject *h)
+{
+    PyObject *cur = PyObject_GetAttr(h->tls, s_cur);
+    if (cur != NULL && (!PyList_CheckExact(cur) || PyList_GET_SIZE(cur) != 2)) {
+        Py_DECREF(cur);
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: the thread state is not a [step, phase] list");
+        return NULL;
+    }
+    return cur;
+}
+
+static void
+cur_set(PyObject *cur, Py_ssize_t i, PyObject *v)
+{
+    PyObject *old = PyList_GET_ITEM(cur, i);
+    PyList_SET_ITEM(cur, i, Py_NewRef(v));
+    Py_XDECREF(old);
+}
+
+static int
+hook_enabled(HookObject *h)
+{
+    PyObject *v = PyObject_GetAttr(h->hook, s_enabled);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* read(target, args, kwargs, spec) with the call's arguments after self. */
+static PyObject *
+call_reader(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *tuple = PyTuple_New(nargs > 1 ? nargs - 1 : 0);
+    if (tuple == NULL)
+        return NULL;
+    for (Py_ssize_t i = 1; i < nargs; i++)
+        PyTuple_SET_ITEM(tuple, i - 1, Py_NewRef(args[i]));
+    PyObject *kwargs = PyDict_New();
+    if (kwargs == NULL) {
+        Py_DECREF(tuple);
+        return NULL;
+    }
+    if (kwnames != NULL) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < nk; i++) {
+            if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+                Py_DECREF(tuple);
+                Py_DECREF(kwargs);
+                return NULL;
+            }
+        }
+    }
+    PyObject *call[4] = {h->target, tuple, kwargs, h->spec};
+    PyObject *facts = PyObject_Vectorcall(h->read, call, 4, NULL);
+    Py_DECREF(tuple);
+    Py_DECREF(kwargs);
+    return facts;
+}
+
+/* The exception being raised, normalized, as a new reference; it stays set. */
+static PyObject *
+current_exception(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *exc = Py_XNewRef(value);
+    PyErr_Restore(type, value, tb);
+    return exc;
+}
+
+/* ``getattr(obj, name)`` where it exists (new reference); NULL with no error set where it does not. */
+static PyObject *
+getattr_maybe(PyObject *obj, PyObject *name)
+{
+    PyObject *v = NULL;
+    lookup_attr(obj, name, &v);
+    return v;
+}
+
+/* readers.step / readers.forward for what SGLang passes on every decode step: the batch first, a
+   ForwardMode member the Python reader has already named (readers._MODE_NAMES), sequence lengths
+   with a ``shape``, no keywords; and for ``forward`` a mode whose phase is known (readers._PHASE_OF)
+   and is "decode" (or none). Fills out[4] with new references: 1. Anything else, 0 (no error
+   set): the Python reader runs, as it did. -1: an error. */
+static int
+read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
+{
+    if (kwnames != NULL || nargs < 2 || args[1] == Py_None)
+        return 0;
+    if (h->fast_read == FAST_FORWARD && nargs > 4)
+        return 0; /* is_verify given: the Python reader decides */
+    PyObject *batch = args[1];
+    PyObject *fm = getattr_maybe(batch, s_forward_mode);
+    if (fm == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *key = PyLong_FromVoidPtr(fm);
+    Py_DECREF(fm);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(h->mode_names, key); /* (member, name) */
+    Py_DECREF(key);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2)
+        return 0;
+    PyObject *mode = PyTuple_GET_ITEM(hit, 1);
+    PyObject *phase;
+    if (h->fast_read == FAST_STEP) {
+        phase = s_step;
+        /* tokens = bs unless the mode is a prefill one (extend_tokens: the Python reader) */
+        if (!PyUnicode_Check(mode) || PyUnicode_Compare(mode, s_DECODE) != 0)
+            return 0;
+    }
+    else {
+        phase = PyDict_GetItemWithError(h->phase_of, mode);
+        if (phase == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        if (phase != Py_None && !(PyUnicode_Check(phase) && PyUnicode_Compare(phase, s_decode) == 0))
+            return 0;
+    }
+    PyObject *seq = getattr_maybe(batch, s_seq_lens);
+    if (seq == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *shape = getattr_maybe(seq, s_shape);
+    Py_DECREF(seq);
+    if (shape == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) {
+        Py_DECREF(shape);
+        return 0;
+    }
+    PyObject *bs = Py_NewRef(PyTuple_GET_ITEM(shape, 0));
+    Py_DECREF(shape);
+    out[0] = Py_NewRef(phase);
+    out[1] = Py_NewRef(mode);
+    out[2] = bs;
+    out[3] = Py_NewRef(bs);
+    return 1;
+}
+
+/* The four facts, from the C reader or the Python one (new references in out). */
+static int
+read_facts(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
+{
+    if (h->fast_read != FAST_NONE) {
+        int got = read_fast(h, args, nargs, kwnames, out);
+        if (got != 0)
+            return got;
+    }
+    PyObject *facts = call_reader(h, args, nargs, kwnames);
+    if (facts == NULL)
+        return -1;
+    PyObject *fx[4];
+    if (unpack_facts(facts, fx) < 0) {
+        Py_DECREF(facts);
+        return -1;
+    }
+    for (int i = 0; i < 4; i++)
+        out[i] = Py_NewRef(fx[i]);
+    Py_DECREF(facts);
+    return 1;
+}
+
+static void
+facts_clear(PyObject **fx)
+{
+    for (int i = 0; i < 4; i++)
+        Py_CLEAR(fx[i]);
+}
+
+/* The step wrapper's ``finally`` after SGLang's call: host1, then queue the step (or drop it). */
+static int
+step_finish(HookObject *h, StepRecordObject *st)
+{
+    PyObject *now = now_ns(h);
+    if (now == NULL)
+        return -1;
+    Py_SETREF(st->host1, now);
+    if (PyList_GET_SIZE(st->phases) == 0 && st->error == Py_None)
+        return 0; /* nothing timed (e.g. an idle batch): not worth a span */
+    Py_ssize_t queued = PyObject_Size(h->queue);
+    if (queued < 0)
+        return -1;
+    PyObject *maxp = PyObject_GetAttr(h->rec, s_max_pending);
+    if (maxp == NULL)
+        return -1;
+    PyObject *n = PyLong_FromSsize_t(queued);
+    int room = n == NULL ? -1 : PyObject_RichCompareBool(n, maxp, Py_LT);
+    Py_XDECREF(n);
+    Py_DECREF(maxp);
+    if (room < 0)
+        return -1;
+    PyObject *r = room ? PyObject_CallOneArg(h->queue_append, (PyObject *)st)
+                       : PyObject_CallMethodOneArg(h->rec, s_drop, (PyObject *)st);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *cur = thread_cur(h);
+    if (cur == NULL)
+        goto passthrough_failed;
+    if (PyList_GET_ITEM(cur, 0) != Py_None)
+        goto passthrough;
+    int on = hook_enabled(h);
+    if (on < 0)
+        goto passthrough_failed;
+    if (!on)
+        goto passthrough;
+
+    StepRecordObject *st = NULL;
+    {
+        PyObject *timer = PyObject_GetAttr(h->rec, s_timer);
+        if (timer == NULL)
+            goto probe_error;
+        if (timer == Py_None) {
+            Py_DECREF(timer);
+            timer = PyObject_CallMethodNoArgs(h->rec, s_ensure_timer);
+            if (timer == NULL)
+                goto probe_error;
+        }
+        Py_DECREF(timer);
+        PyObject *count = PyObject_GetAttr(h->rec, s_step_count);
+        if (count == NULL)
+            goto probe_error;
+        PyObject *index = PyNumber_Add(count, int_one);
+        Py_DECREF(count);
+        if (index == NULL)
+            goto probe_error;
+        if (PyObject_SetAttr(h->rec, s_step_count, index) < 0) {
+            Py_DECREF(index);
+            goto probe_error;
+        }
+        PyObject *fx[4] = {NULL, NULL, NULL, NULL};
+        if (read_facts(h, args, nargs, kwnames, fx) < 0) {
+            Py_DECREF(index);
+            goto probe_error;
+        }
+        PyObject *now = now_ns(h);
+        if (now != NULL)
+            st = (StepRecordObject *)step_record_from(index, fx, now);
+        Py_XDECREF(now);
+        Py_DECREF(index);
+        facts_clear(fx);
+        if (st == NULL)
+            goto probe_error;
+    }
+    cur_set(cur, 0, (PyObject *)st);
+    PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (result == NULL) {
+        PyObject *exc = current_exception();
+        if (exc != NULL)
+            Py_SETREF(st->error, exc);
+        PyErr_Fetch(&type, &value, &tb);
+    }
+    cur_set(cur, 0, Py_None);
+    cur_set(cur, 1, Py_None);
+    Py_DECREF(cur);
+    if (step_finish(h, st) < 0 && probe_failed(h) < 0) {
+        /* A BaseException of the probe's own: it replaces SGLang's result, as in Python. */
+        Py_XDECREF(result);
+        result = NULL;
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        type = value = tb = NULL;
+    }
+    else if (result == NULL) {
+        PyErr_Restore(type, value, tb);
+    }
+    Py_DECREF(st);
+    return result;
+
+probe_error:
+    if (probe_failed(h) < 0) {
+        Py_DECREF(cur);
+        return NULL;
+    }
+passthrough:
+    Py_DECREF(cur);
+    return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+passthrough_failed:
+    /* The thread state itself could not be read: the Python wrapper would fail before its try
+       blocks too; here the hook is switched off and SGLang's call runs. */
+    if (probe_failed(h) < 0)
+        return NULL;
+    return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+}
+
+/* rec.timer.<name>(...) */
+static PyObject *
+timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *timer = PyObject_GetAttr(h->rec, s_timer);
+    if (timer == NULL)
+        return NULL;
+    PyObject *fn = PyObject_GetAttr(timer, name);
+    Py_DECREF(timer);
+    if (fn == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(fn, args, n, NULL);
+    Py_DECREF(fn);
+    return r;
+}
+
+/* After SGLang's phase call returned: stop the timer, keep the phase, read the graph flag and, for a
+   phase without a graph, why. 1: done; 0: a graph was being captured (nothing recorded); -1: error. */
+static int
+phase_finish(HookObject *h, PyObject *self_obj, StepRecordObject *st, PhaseRecordObject *ph, PyObject *result)
+{
+    PyObject *now = now_ns(h);
+    if (now == NULL)
+        return -1;
+    PyObject *stop_args[2] = {ph->t_start, now};
+    PyObject *t_end = timer_call(h, s_stop, stop_args, 2);
+    if (t_end == NULL) {
+        Py_DECREF(now);
+        return -1;
+    }
+    Py_SETREF(ph->t_end, t_end);
+    if (t_end == Py_None) {
+        Py_DECREF(now);
+        return 0;
+    }
+    Py_SETREF(ph->host1, now);
+    if (PyList_Append(st->phases, (PyObject *)ph) < 0)
+        return -1;
+    int ask_why;
+    if (h->leave != Py_None) {
+        PyObject *graph = h->leave_attr ? getattr_or_none(result, s_can_run_cuda_graph) : Py_NewRef(Py_None);
+        if (graph == NULL)
+            return -1;
+        if (!PyBool_Check(graph)) {
+            Py_DECREF(graph);
+            graph = PyObject_CallOneArg(h->leave, result);
+            if (graph == NULL)
+                return -1;
+        }
+        Py_SETREF(ph->graph, graph);
+        int truth = PyObject_IsTrue(graph);
+        if (truth < 0)
+            return -1;
+        if (truth)
+            ask_why = 0;
+        else if (graph == Py_False)
+            ask_why = 1;
+        else if ((ask_why = PyObject_Not(ph->graph_hook)) < 0)
+            return -1;
+    }
+    else if ((ask_why = PyObject_Not(ph->graph_hook)) < 0) {
+        return -1;
+    }
+    if (ask_why) {
+        PyObject *why_args[3] = {self_obj, ph->mode, ph->batch_size};
+        PyObject *reason = PyObject_Vectorcall(h->why, why_args, 3, NULL);
+        if (reason == NULL)
+            return -1;
+        Py_SETREF(ph->no_graph_reason, reason);
+    }
+    if (PyUnicode_Check(ph->phase) && PyUnicode_Compare(ph->phase, s_verify) == 0) {
+        PyObject *r = PyObject_CallOneArg(h->queue_append, (PyObject *)ph);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 1;
+}
+
+static PyObject *
+phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *cur = thread_cur(h);
+    if (cur == NULL) {
+        if (probe_failed(h) < 0)
+            return NULL;
+        return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    }
+    /* Outside a scheduler step (startup warmup, graph capture) or nested inside another phase
+       (verify -> target forward): not a phase of its own. */
+    StepRecordObject *st = (StepRecordObject *)PyList_GET_ITEM(cur, 0);
+    int on = 0;
+    if ((PyObject *)st == Py_None || PyList_GET_ITEM(cur, 1) != Py_None || (on = hook_enabled(h)) <= 0) {
+        if (on < 0 && probe_failed(h) < 0) {
+            Py_DECREF(cur);
+            return NULL;
+        }
+        Py_DECREF(cur);
+        return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    }
+    Py_INCREF(st);
+    PhaseRecordObject *ph = NULL;
+    PyObject *fx[4] = {NULL, NULL, NULL, NULL};
+    if (read_facts(h, args, nargs, kwnames, fx) > 0) {
+        if (fx[0] != Py_None) {
+            PyObject *now = now_ns(h);
+            if (now != NULL) {
+                PyObject *token = timer_call(h, s_start, &now, 1);
+                if (token != NULL) {
+                    ph = (PhaseRecordObject *)phase_record_from(fx, h->name, now, token);
+                    Py_DECREF(token);
+                }
+                Py_DECREF(now);
+            }
+        }
+        facts_clear(fx);
+    }
+    if (ph == NULL && PyErr_Occurred() && probe_failed(h) < 0) {
+        Py_DECREF(st);
+        Py_DECREF(cur);
+        return NULL;
+    }
+    if (ph == NULL) {
+        Py_DECREF(st);
+        Py_DECREF(cur);
+        return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    }
+    cur_set(cur, 1, (PyObject *)ph);
+    PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    cur_set(cur, 1, Py_None);
+    Py_DECREF(cur);
+    if (result == NULL) {
+        PyObject *exc = current_exception();
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *call_args[3] = {(PyObject *)st, (PyObject *)ph, exc ? exc : Py_None};
+        PyObject *r = PyObject_VectorcallMethod(s_close_phase, (PyObject *[]){h->rec, call_args[0], call_args[1],
+                                                                              call_args[2]},
+                                                4, NULL);
+        Py_XDECREF(exc);
+        int keep = 1;
+        if (r == NULL)
+            keep = probe_failed(h) == 0;
+        Py_XDECREF(r);
+        if (keep)
+            PyErr_Restore(type, value, tb);
+        else {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+        Py_DECREF(st);
+        Py_DECREF(ph);
+        return NULL;
+    }
+    if (phase_finish(h, nargs > 0 ? args[0] : Py_None, st, ph, result) < 0 && probe_failed(h) < 0) {
+        Py_CLEAR(result);
+    }
+    Py_DECREF(st);
+    Py_DECREF(ph);
+    return result;
+}
+
+/* Recorder.graph_method / launch_method: mark the open phase (a graph replayed; the host clock at
+   its first graph launch), then SGLang's call. */
+static PyObject *
+mark_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *cur = thread_cur(h);
+    if (cur == NULL) {
+        if (probe_failed(h) < 0)
+            return NULL;
+        return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    }
+    PyObject *ph = Py_NewRef(PyList_GET_ITEM(cur, 1));
+    Py_DECREF(cur);
+    if (ph != Py_None) {
+        int err = 0;
+        if (h->mark == MARK_GRAPH) {
+            err = PyObject_SetAttr(ph, s_graph_hook, Py_True);
+        }
+        else {
+            PyObject *seen = PyObject_GetAttr(ph, s_launch_ns);
+            int first = seen == NULL ? -1 : PyObject_Not(seen);
+            Py_XDECREF(seen);
+            int on = first > 0 ? hook_enabled(h) : first;
+            if (on > 0) {
+                PyObject *now = now_ns(h);
+                err = now == NULL ? -1 : PyObject_SetAttr(ph, s_launch_ns, now);
+                Py_XDECREF(now);
+            }
+            else if (on < 0) {
+                err = -1;
+            }
+        }
+        if (err < 0 && probe_failed(h) < 0) {
+            Py_DECREF(ph);
+            return NULL;
+        }
+    }
+    Py_DECREF(ph);
+    return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+}
+
+static PyObject *
+hook_dict_get(PyObject *self, void *closure)
+{
+    return PyObject_GenericGetDict(self, closure);
+}
+
+static PyGetSetDef hook_getset[] = {
+    {"__dict__", hook_dict_get, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyObject *
+step_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"rec", "tls", "steps", "spec", "hook", "target", "read", "orig", "clock_from", "fast_read",
+                         "mode_names", "phase_of", NULL};
+    PyObject *rec, *tls, *steps, *spec, *hook, *target, *read, *orig, *clock_from, *mode_names, *phase_of;
+    int fast_read;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOO!iO!O!:StepHook", kw, &rec, &tls, &steps, &spec, &hook,
+                                     &target, &read, &orig, &PyDict_Type, &clock_from, &fast_read, &PyDict_Type,
+                                     &mode_names, &PyDict_Type, &phase_of))
+        return NULL;
+    PyObject *append = PyObject_GetAttr(steps, s_append);
+    if (append == NULL)
+        return NULL;
+    HookObject *h = PyObject_GC_New(HookObject, type);
+    if (h == NULL) {
+        Py_DECREF(append);
+        return NULL;
+    }
+    h->vectorcall = (vectorcallfunc)step_call;
+    h->dict = NULL;
+    h->rec = Py_NewRef(rec);
+    h->tls = Py_NewRef(tls);
+    h->spec = Py_NewRef(spec);
+    h->hook = Py_NewRef(hook);
+    h->target = Py_NewRef(target);
+    h->read = Py_NewRef(read);
+    h->orig = Py_NewRef(orig);
+    h->clock_from = Py_NewRef(clock_from);
+    h->queue_append = append;
+    h->queue = Py_NewRef(steps);
+    h->name = Py_NewRef(Py_None);
+    h->leave = Py_NewRef(Py_None);
+    h->why = Py_NewRef(Py_None);
+    h->mode_names = Py_NewRef(mode_names);
+    h->phase_of = Py_NewRef(phase_of);
+    h->leave_attr = 0;
+    h->fast_read = fast_read;
+    h->mark = 0;
+    PyObject_GC_Track(h);
+    return (PyObject *)h;
+}
+
+static PyObject *
+phase_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"rec", "tls", "awaiting", "spec", "hook", "target", "name", "read", "leave", "leave_attr",
+                         "why", "orig", "clock_from", "fast_read", "mode_names", "phase_of", NULL};
+    PyObject *rec, *tls, *awaiting, *spec, *hook, *target, *name, *read, *leave, *why, *orig, *clock_from, *mode_names,
+        *phase_of;
+    int leave_attr, fast_read;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOOpOOO!iO!O!:PhaseHook", kw, &rec, &tls, &awaiting, &spec,
+                                     &hook, &target, &name, &read, &leave, &leave_attr, &why, &orig, &PyDict_Type,
+                                     &clock_from, &fast_read, &PyDict_Type, &mode_names, &PyDict_Type, &phase_of))
+        return NULL;
+    PyObject *append = PyObject_GetAttr(awaiting, s_append);
+    if (append == NULL)
+        return NULL;
+    HookObject *h = PyObject_GC_New(HookObject, type);
+    if (h == NULL) {
+        Py_DECREF(append);
+        return NULL;
+    }
+    h->vectorcall = (vectorcallfunc)phase_call;
+    h->dict = NULL;
+    h->rec = Py_NewRef(rec);
+    h->tls = Py_NewRef(tls);
+    h->spec = Py_NewRef(spec);
+    h->hook = Py_NewRef(hook);
+    h->target = Py_NewRef(target);
+    h->read = Py_NewRef(read);
+    h->orig = Py_NewRef(orig);
+    h->clock_from = Py_NewRef(clock_from);
+    h->queue_append = append;
+    h->queue = Py_NewRef(awaiting);
+    h->name = Py_NewRef(name);
+    h->leave = Py_NewRef(leave);
+    h->why = Py_NewRef(why);
+    h->mode_names = Py_NewRef(mode_names);
+    h->phase_of = Py_NewRef(phase_of);
+    h->leave_attr = leave_attr;
+    h->fast_read = fast_read;
+    h->mark = 0;
+    PyObject_GC_Track(h);
+    return (PyObject *)h;
+}
+
+static PyObject *
+mark_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"tls", "hook", "orig", "mark", "clock_from", NULL};
+    PyObject *tls, *hook, *orig, *clock_from;
+    const char *mark;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOsO!:MarkHook", kw, &tls, &hook, &orig, &mark, &PyDict_Type,
+                                     &clock_from))
+        return NULL;
+    int which = strcmp(mark, "graph") == 0 ? MARK_GRAPH : strcmp(mark, "launch") == 0 ? MARK_LAUNCH : 0;
+    if (!which) {
+        PyErr_SetString(PyExc_ValueError, "mark: 'graph' or 'launch'");
+        return NULL;
+    }
+    HookObject *h = PyObject_GC_New(HookObject, type);
+    if (h == NULL)
+        return NULL;
+    h->vectorcall = (vectorcallfunc)mark_call;
+    h->dict = NULL;
+    h->rec = Py_NewRef(Py_None);
+    h->tls = Py_NewRef(tls);
+    h->spec = Py_NewRef(Py_None);
+    h->hook = Py_NewRef(hook);
+    h->target = Py_NewRef(Py_None);
+    h->read = Py_NewRef(Py_None);
+    h->orig = Py_NewRef(orig);
+    h->clock_from = Py_NewRef(clock_from);
+    h->queue_append = Py_NewRef(Py_None);
+    h->queue = Py_NewRef(Py_None);
+    h->name = Py_NewRef(Py_None);
+    h->leave = Py_NewRef(Py_None);
+    h->why = Py_NewRef(Py_None);
+    h->mode_names = Py_NewRef(Py_None);
+    h->phase_of = Py_NewRef(Py_None);
+    h->leave_attr = 0;
+    h->fast_read = FAST_NONE;
+    h->mark = which;
+    PyObject_GC_Track(h);
+    return (PyObject *)h;
+}
+
+#define HOOK_FLAGS                                                                                             \
+    (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR)
+
+static PyTypeObject StepHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sgl_probe._hot.StepHook",
+    .tp_doc = "Recorder.step_method's wrapper in C: a scheduler iteration, the parent of its phases.",
+    .tp_basicsize = sizeof(HookObject),
+    .tp_flags = HOOK_FLAGS,
+    .tp_new = step_hook_new,
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_traverse = (traverseproc)hook_traverse,
+    .tp_clear = (inquiry)hook_clear,
+    .tp_vectorcall_offset = offsetof(HookObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = hook_descr_get,
+    .tp_dictoffset = offsetof(HookObject, dict),
+    .tp_getset = hook_getset,
+};
+
+static PyTypeObject PhaseHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sgl_probe._hot.PhaseHook",
+    .tp_doc = "Recorder.phase_method's wrapper in C: a timed call inside a step.",
+    .tp_basicsize = sizeof(HookObject),
+    .tp_flags = HOOK_FLAGS,
+    .tp_new = phase_hook_new,
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_traverse = (traverseproc)hook_traverse,
+    .tp_clear = (inquiry)hook_clear,
+    .tp_vectorcall_offset = offsetof(HookObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = hook_descr_get,
+    .tp_dictoffset = offsetof(HookObject, dict),
+    .tp_getset = hook_getset,
+};
+
+static PyTypeObject MarkHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sgl_probe._hot.MarkHook",
+    .tp_doc = "Recorder.graph_method / launch_method's wrapper in C: marks the open phase.",
+    .tp_basicsize = sizeof(HookObject),
+    .tp_flags = HOOK_FLAGS,
+    .tp_new = mark_hook_new,
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_traverse = (traverseproc)hook_traverse,
+    .tp_clear = (inquiry)hook_clear,
+    .tp_vectorcall_offset = offsetof(HookObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = hook_descr_get,
+    .tp_dictoffset = offsetof(HookObject, dict),
+    .tp_getset = hook_getset,
+};
+
+/* ---- the CUDA timer's hot side (timing.CudaTimer.start / .stop, the fast-stream variant) ----- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *timer, *state;
+} CudaFastObject;
+
+static int
+fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->timer);
+    Py_VISIT(f->state);
+    return 0;
+}
+
+static int
+fast_clear(CudaFastObject *f)
+{
+    Py_CLEAR(f->timer);
+    Py_CLEAR(f->state);
+    return 0;
+}
+
+static void
+fast_dealloc(CudaFastObject *f)
+{
+    PyObject_GC_UnTrack(f);
+    fast_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *
+fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"timer", "state", NULL};
+    PyObject *timer, *state;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:CudaFast", kw, &timer, &PyDict_Type, &state))
+        return NULL;
+    CudaFastObject *f = PyObject_GC_New(CudaFastObject, type);
+    if (f == NULL)
+        return NULL;
+    f->timer = Py_NewRef(timer);
+    f->state = Py_NewRef(state);
+    PyObject_GC_Track(f);
+    return (PyObject *)f;
+}
+
+/* An attribute of the timer, read from its instance dict as the Python methods read ``self.x``
+   (borrowed; None when absent). */
+static PyObject *
+state_get(CudaFastObject *f, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(f->state, name);
+    if (v == NULL && !PyErr_Occurred())
+        v = Py_None;
+    return v;
+}
+
+/* As state_get, for an attribute that must be there: a container or a callable of the timer. */
+static PyObject *
+state_need(CudaFastObject *f, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(f->state, name);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_Format(PyExc_AttributeError, "sgl-probe: the CUDA timer has no %U", name);
+    return v;
+}
+
+/* CudaTimer.start */
+static PyObject *
+fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "start(now_ns)");
+        return NULL;
+    }
+    PyObject *now = args[0];
+    PyObject *due = state_get(f, s_anchor_due);
+    if (due == NULL)
+        return NULL;
+    int is_due = PyObject_RichCompareBool(now, due, Py_GE);
+    if (is_due < 0)
+        return NULL;
+    int busy = 0;
+    if (is_due) {
+        PyObject *r = PyObject_CallMethodOneArg(f->timer, s_refresh_anchor, now);
+        if (r == NULL)
+            return NULL;
+        busy = r == Py_False;
+        Py_DECREF(r);
+    }
+    PyObject *last = state_get(f, s_last_end);
+    if (last == NULL)
+        return NULL;
+    return busy ? PyTuple_Pack(3, now, last, Py_None) : PyTuple_Pack(2, now, last);
+}
+
+/* CudaTimer.stop */
+static PyObject *
+fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stop(token, now_ns)");
+        return NULL;
+    }
+    PyObject *now = args[1];
+    PyObject *fn_capturing = state_need(f, s__capturing);
+    if (fn_capturing == NULL)
+        return NULL;
+    PyObject *capturing = PyObject_CallNoArgs(fn_capturing);
+    if (capturing == NULL)
+        return NULL;
+    int cap = PyObject_IsTrue(capturing);
+    Py_DECREF(capturing);
+    if (cap < 0)
+        return NULL;
+    if (cap)
+        Py_RETURN_NONE;
+    PyObject *fn_key = state_need(f, s__stream_key);
+    if (fn_key == NULL)
+        return NULL;
+    PyObject *key = PyObject_CallOneArg(fn_key, int_minus_one);
+    if (key == NULL)
+        return NULL;
+    if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 2) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: torch's current-stream key is not a tuple");
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *streams = state_need(f, s__streams);
+    if (streams == NULL || !PyDict_Check(streams)) {
+        if (streams != NULL)
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's streams are not a dict");
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *stream = PyDict_GetItemWithError(streams, key);
+    if (stream != NULL) {
+        Py_INCREF(stream);
+    }
+    else {
+        if (PyErr_Occurred())
+            goto fail_key;
+        PyObject *found = PyObject_CallMethodNoArgs(f->timer, s_lookup_stream);
+        if (found == NULL)
+            goto fail_key;
+        stream = PySequence_GetItem(found, 0);
+        Py_DECREF(found);
+        if (stream == NULL)
+            goto fail_key;
+    }
+    PyObject *ev;
+    PyObject *pool = state_need(f, s__pool);
+    if (pool == NULL)
+        goto fail_stream;
+    Py_ssize_t n = PyList_Check(pool) ? PyList_GET_SIZE(pool) : 0;
+    if (n > 0) {
+        ev = Py_NewRef(PyList_GET_ITEM(pool, n - 1));
+        if (PyList_SetSlice(pool, n - 1, n, NULL) < 0) {
+            Py_DECREF(ev);
+            goto fail_stream;
+        }
+    }
+    else {
+        ev = PyObject_CallMethodNoArgs(f->timer, s_pop);
+        if (ev == NULL)
+            goto fail_stream;
+    }
+    PyObject *fn_record = state_need(f, s__record);
+    if (fn_record == NULL)
+        goto fail_ev;
+    PyObject *rec_args[2] = {ev, stream};
+    PyObject *r = PyObject_Vectorcall(fn_record, rec_args, 2, NULL);
+    if (r == NULL)
+        goto fail_ev;
+    Py_DECREF(r);
+    PyObject *device = PyTuple_GET_ITEM(key, 1);
+    PyObject *anchors = state_need(f, s__anchors);
+    if (anchors == NULL || !PyDict_Check(anchors)) {
+        if (anchors != NULL)
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's anchors are not a dict");
+        goto fail_ev;
+    }
+    PyObject *anchor = PyDict_GetItemWithError(anchors, device);
+    PyObject *end;
+    if (anchor == NULL) {
+        if (PyErr_Occurred())
+            goto fail_ev;
+        PyObject *fa[5] = {f->timer, ev, stream, device, now};
+        end = PyObject_VectorcallMethod(s_first_anchor, fa, 5, NULL);
+    }
+    else {
+        end = PyTuple_Pack(4, ev, stream, now, anchor);
+        if (end != NULL && PyDict_SetItem(f->state, s_last_end, end) < 0)
+            Py_CLEAR(end);
+    }
+    Py_DECREF(ev);
+    Py_DECREF(stream);
+    Py_DECREF(key);
+    return end;
+
+fail_ev:
+    Py_DECREF(ev);
+fail_stream:
+    Py_DECREF(stream);
+fail_key:
+    Py_DECREF(key);
+    return NULL;
+}
+
+static PyMethodDef fast_methods[] = {
+    {"start", (PyCFunction)(void (*)(void))fast_start, METH_FASTCALL, "CudaTimer.start(now_ns) -> token"},
+    {"stop", (PyCFunction)(void (*)(void))fast_stop, METH_FASTCALL, "CudaTimer.stop(token, now_ns) -> end | None"},
+    {NULL},
+};
+
+static PyTypeObject CudaFastType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sgl_probe._hot.CudaFast",
+    .tp_doc = "CudaTimer's start / stop in C, over the timer's own state (its instance dict).",
+    .tp_basicsize = sizeof(CudaFastObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = fast_new,
+    .tp_dealloc = (destructor)fast_dealloc,
+    .tp_traverse = (traverseproc)fast_traverse,
+    .tp_clear = (inquiry)fast_clear,
+    .tp_methods = fast_methods,
+};
+
+/* CpuTimer.start / .stop: the host clock itself is the token. */
+static PyObject *
+cpu_start(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "start(now_ns)");
+        return NULL;
+    }
+    return Py_NewRef(args[0]);
+}
+
+static PyObject *
+cpu_stop(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stop(token, now_ns)");
+        return NULL;
+    }
+    return Py_NewRef(args[1]);
+}
+
+/* ---- module ---------------------------------------------------------------------------------- */
+
+static PyObject *
+hot_now_ns(PyObject *mod, PyObject *unused)
+{
+    return clock_ns();
+}
+
+static PyMethodDef module_methods[] = {
+    {"now_ns", hot_now_ns, METH_NOARGS, "The clock the C wrappers read (time.perf_counter_ns)."},
+    {"cpu_start", (PyCFunction)(void (*)(void))cpu_start, METH_FASTCALL, "CpuTimer.start(now_ns) -> now_ns"},
+    {"cpu_stop", (PyCFunction)(void (*)(void))cpu_stop, METH_FASTCALL, "CpuTimer.stop(token, now_ns) -> now_ns"},
+    {NULL},
+};
+
+static struct PyModuleDef hot_module = {
+    PyModuleDef_HEAD_INIT, "sgl_probe._hot",
+    "The probe's hot path in C (see recorder.py and timing.py for the Python versions it mirrors).", -1,
+    module_methods,
+};
+
+#define INTERN(var, text)                                                                                      \
+    do {                                                                                                       \
+        if ((var = PyUnicode_InternFromString(text)) == NULL)                                                  \
+            return NULL;                                                                                       \
+    } while (0)
+
+PyMODINIT_FUNC
+PyInit__hot(void)
+{
+    INTERN(s_perf_counter_ns, "perf_counter_ns");
+    INTERN(s_forward_mode, "forward_mode");
+    INTERN(s_seq_lens, "seq_lens");
+    INTERN(s_shape, "shape");
+    INTERN(s_step, "step");
+    INTERN(s_decode, "decode");
+    INTERN(s_DECODE, "DECODE");
+    INTERN(s_graph_hook, "graph_hook");
+    INTERN(s_launch_ns, "launch_ns");
+    INTERN(s__capturing, "_capturing");
+    INTERN(s__stream_key, "_stream_key");
+    INTERN(s__streams, "_streams");
+    INTERN(s__pool, "_pool");
+    INTERN(s__record, "_record");
+    INTERN(s__anchors, "_anchors");
+    INTERN(s_cur, "cur");
+    INTERN(s_enabled, "enabled");
+    INTERN(s_timer, "timer");
+    INTERN(s_step_count, "step_count");
+    INTERN(s_max_pending, "max_pending");
+    INTERN(s_fail, "fail");
+    INTERN(s_ensure_timer, "ensure_timer");
+    INTERN(s_drop, "drop");
+    INTERN(s_start, "start");
+    INTERN(s_stop, "stop");
+    INTERN(s_close_phase, "close_phase");
+    INTERN(s_can_run_cuda_graph, "can_run_cuda_graph");
+    INTERN(s_verify, "verify");
+    INTERN(s_anchor_due, "_anchor_due");
+    INTERN(s_last_end, "_last_end");
+    INTERN(s_refresh_anchor, "_refresh_anchor");
+    INTERN(s_lookup_stream, "_lookup_stream");
+    INTERN(s_pop, "_pop");
+    INTERN(s_first_anchor, "_first_anchor");
+    INTERN(s_append, "append");
+    if ((int_one = PyLong_FromLong(1)) == NULL || (int_minus_one = PyLong_FromLong(-1)) == NULL)
+        return NULL;
+    PyObject *time_mod = PyImport_ImportModule("time");
+    if (time_mod == NULL)
+        return NULL;
+    perf_counter_ns = PyObject_GetAttrString(time_mod, "perf_counter_ns");
+    Py_DECREF(time_mod);
+    if (perf_counter_ns == NULL)
+        return NULL;
+    PyTypeObject *types[] = {&PhaseRecordType, &StepRecordType, &StepHookType, &PhaseHookType, &MarkHookType,
+                             &CudaFastType};
+    const char *names[] = {"PhaseRecord", "StepRecord", "StepHook", "PhaseHook", "MarkHook", "CudaFast"};
+    for (int i = 0; i < 6; i++)
+        if (PyType_Ready(types[i]) < 0)
+            return NULL;
+    PyObject *m = PyModule_Create(&hot_module);
+    if (m == NULL)
+        return NULL;
+    for (int i = 0; i < 6; i++) {
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    return m;
+}

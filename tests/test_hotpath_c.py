@@ -1,0 +1,383 @@
+"""The C hot path (``sgl_probe._hot``) against the Python one it mirrors: the same calls through both
+give the same records, field by field; the C wrappers behave as functions in a class (bound,
+unbound, introspected, put back); the C clock is ``time.perf_counter_ns``; nothing leaks per call;
+a KeyboardInterrupt in the probe's own work propagates as in Python; SGL_PROBE_HOTPATH picks."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import gc
+import logging
+import time
+import tracemalloc
+from types import SimpleNamespace as NS
+
+import pytest
+
+from sgl_probe import config, hotpath, recorder, targets
+from sgl_probe.instrument import Hook, Instrumentor
+from sgl_probe.recorder import Recorder
+from sgl_probe.timing import CpuTimer, CudaTimer
+from tests.hotpaths import c_module
+from tests.test_gpu_free_parts import _FakeTorch
+
+LOG = logging.getLogger("sgl_probe.test")
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = 1
+    DECODE = 2
+    TARGET_VERIFY = 3
+    IDLE = 4
+
+
+def _target(**match) -> targets.Target:
+    return next(t for t in targets.TARGETS if all(getattr(t, k) == v for k, v in match.items()))
+
+
+STEP = _target(role="step")
+FORWARD = _target(reader="forward")
+VERIFY_V2 = _target(reader="verify_v2")
+VERIFY_V1 = _target(reader="verify_v1")
+DRAFT = _target(role="phase", reader="spec_call", phases=("draft",), since="0.5.5")
+
+PHASE_FIELDS = ("phase", "mode", "batch_size", "num_tokens", "host0", "host1", "t_start", "t_end", "graph",
+                "graph_hook", "launch_ns", "no_graph_reason", "error", "accept_length", "target")
+STEP_FIELDS = ("index", "mode", "batch_size", "num_tokens", "host0", "host1", "error")
+
+
+@pytest.fixture
+def hot():
+    return c_module()
+
+
+def _plain(value):
+    """A record field, comparable across the two implementations (exceptions by type and text)."""
+    if isinstance(value, BaseException):
+        return (type(value).__name__, str(value))
+    return value
+
+
+def _dump(rec: Recorder) -> list:
+    out = []
+    for st in rec.steps:
+        phases = [{f: _plain(getattr(ph, f)) for f in PHASE_FIELDS} for ph in st.phases]
+        out.append(({f: _plain(getattr(st, f)) for f in STEP_FIELDS}, phases))
+    return out
+
+
+class Timer(CpuTimer):
+    """A CPU timer whose stop says "a graph was being captured" for chosen calls."""
+
+    def __init__(self, capture_at=()):
+        super().__init__()
+        self.calls = 0
+        self.capture_at = set(capture_at)
+
+    def stop(self, token, now_ns):
+        self.calls += 1
+        return None if self.calls in self.capture_at else now_ns
+
+
+def _scenario(rec: Recorder, monkeypatch) -> list:
+    """Every path of the two wrappers, on one recorder; returns what the recorder kept."""
+    clock = iter(range(1_000, 10_000_000, 1_000))
+    monkeypatch.setattr(recorder, "perf_counter_ns", lambda: next(clock))
+    rec.timer = Timer(capture_at={5})
+    hooks = {n: Hook(t) for n, t in (("step", STEP), ("fwd", FORWARD), ("verify", VERIFY_V2), ("v1", VERIFY_V1),
+                                     ("draft", DRAFT))}
+    replay = rec.graph_method(Hook(_target(role="graph")), lambda obj: None)
+
+    def body(worker, batch, result=None, replay_graph=False, raise_=None, is_verify=False, **kw):
+        if replay_graph:
+            replay(None)
+        if raise_ is not None:
+            raise raise_
+        return result
+
+    fwd = rec.phase_method(hooks["fwd"], body)
+    verify = rec.phase_method(hooks["verify"], body)
+    v1 = rec.phase_method(hooks["v1"], body)
+    draft = rec.phase_method(hooks["draft"], body)
+    step = rec.step_method(hooks["step"], lambda sched, batch, call, **kw: call())
+    worker = NS(model_runner=NS(server_args=NS(disable_cuda_graph=True)))
+    dec = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0, 0])
+    ext = NS(forward_mode=ForwardMode.EXTEND, seq_lens=[0, 0], extend_num_tokens=17)
+    idle = NS(forward_mode=ForwardMode.IDLE, seq_lens=[])
+    # As SGLang passes them: sequence lengths with a shape (the C readers' own case).
+    sdec = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(4,)))
+    sext = NS(forward_mode=ForwardMode.EXTEND, seq_lens=NS(shape=(2,)), extend_num_tokens=9)
+    sidle = NS(forward_mode=ForwardMode.IDLE, seq_lens=NS(shape=(0,)))
+    sbare = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=()), batch_size=lambda: 6)
+    results = []
+    runs = [
+        (dec, lambda: fwd(worker, dec, NS(can_run_cuda_graph=True))),  # graph from the result
+        (dec, lambda: fwd(worker, dec, NS(can_run_cuda_graph=False))),  # no graph: asks why
+        (dec, lambda: fwd(worker, dec, None, True)),  # no flag, the replay hook ran
+        (ext, lambda: fwd(worker, ext, NS(can_run_graph=False))),  # the reader's other spelling
+        (dec, lambda: fwd(worker, dec, NS(can_run_cuda_graph=True))),  # timer: capturing (5th stop)
+        (dec, lambda: verify(worker, dec, NS(can_run_cuda_graph=True))),  # queued for the accept length
+        (dec, lambda: v1(worker, dec, (1, 2, 3, False))),  # v1's tuple result
+        (dec, lambda: (draft(worker, dec), fwd(worker, dec, NS(can_run_cuda_graph=1)))),  # two phases
+        (dec, lambda: fwd(worker, dec, result=NS(can_run_cuda_graph=True), extra=1)),  # keywords
+        (idle, lambda: fwd(worker, idle, NS())),  # IDLE: no phase, no step queued
+        (dec, lambda: fwd(worker, dec, raise_=KeyError("sglang"))),  # SGLang raised
+        (dec, lambda: verify(worker, dec, NS(can_run_cuda_graph=True), False, None)),  # positional
+        (dec, lambda: fwd(worker, dec, NS(can_run_cuda_graph=True), False, None)),
+        (sdec, lambda: fwd(worker, sdec, NS(can_run_cuda_graph=True))),
+        (sdec, lambda: fwd(worker, sdec, NS(can_run_cuda_graph=False))),
+        (sdec, lambda: fwd(worker, sdec, None, True)),
+        (sext, lambda: fwd(worker, sext, NS(can_run_cuda_graph=False))),  # prefill: the Python reader
+        (sidle, lambda: fwd(worker, sidle, NS())),
+        (sbare, lambda: fwd(worker, sbare, NS(can_run_cuda_graph=True))),  # an empty shape
+        (sdec, lambda: fwd(worker, sdec, None, False, None, True)),  # is_verify, positional
+        (sdec, lambda: fwd(worker, sdec, is_verify=True)),  # is_verify, keyword
+        (sdec, lambda: fwd(worker, sdec, raise_=KeyError("sglang"))),
+        (sdec, lambda: fwd(worker, None, forward_batch=sdec)),  # a ForwardBatch handed over
+    ]
+    for batch, call in runs:
+        try:
+            results.append(step(None, batch, call))
+        except KeyError as exc:
+            results.append(("raised", str(exc)))
+    fwd(worker, dec, "outside a step")  # not a phase: no step open
+    step(None, dec, lambda: step(None, dec, lambda: fwd(worker, dec, "nested")), k=1)  # a nested step
+    results.append(rec.step_count)
+    results.append([(ph.phase, ph.batch_size) for ph in rec.awaiting_accept])
+    return [_dump(rec), [_plain(r) if not isinstance(r, NS) else vars(r) for r in results]]
+
+
+def test_the_same_calls_give_the_same_records_in_c_and_in_python(hot, monkeypatch):
+    from sgl_probe import readers
+
+    py = Recorder("cpu", 100, LOG, "python")
+    c = Recorder("cpu", 100, LOG, "c")
+    assert (py.hotpath, c.hotpath) == ("python", "c")
+    python_reads = {}
+    for rec in (py, c):
+        counts = python_reads[rec.hotpath] = {"step": 0, "forward": 0}
+        for name in counts:
+            monkeypatch.setitem(readers.ENTER, name, (lambda fn, name, counts: lambda *a: (
+                counts.__setitem__(name, counts[name] + 1), fn(*a))[1])(readers.__dict__[name], name, counts))
+        if rec is py:
+            want = _scenario(py, monkeypatch)
+        else:
+            got = _scenario(c, monkeypatch)
+    assert got == want
+    # The C readers took the shaped decode batches themselves; everything else went to Python's.
+    assert python_reads["python"] == {"step": 24, "forward": 21}
+    assert python_reads["c"] == {"step": 24 - 7, "forward": 21 - 4}
+    steps, _ = want
+    assert len(steps) == 21 and sum(len(p) for _, p in steps) == 22  # the scenario reaches every path
+    assert any(ph["no_graph_reason"] for _, p in steps for ph in p)
+    assert any(st["error"] for st, _ in steps)
+
+
+def test_a_full_queue_drops_alike(hot, monkeypatch):
+    dumps = []
+    for which in ("python", "c"):
+        rec = Recorder("cpu", 2, LOG, which)
+        rec.timer = CpuTimer()
+        dropped = []
+        rec.drop = dropped.append
+        fwd = rec.phase_method(Hook(FORWARD), lambda w, b: NS(can_run_cuda_graph=True))
+        step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+        b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+        for _ in range(5):
+            step(None, b)
+        dumps.append((len(rec.steps), [st.index for st in dropped]))
+    assert dumps[0] == dumps[1] == (2, [3, 4, 5])
+
+
+def test_the_c_records_are_the_python_records_fields(hot):
+    facts = ("decode", "DECODE", 2, 2)
+    for cls, pycls, args in ((hot.PhaseRecord, recorder.PhaseRecord, (facts, "t", 5, 6)),
+                             (hot.StepRecord, recorder.StepRecord, (3, facts, 5))):
+        c, py = cls(*args), pycls(*args)
+        assert {f: getattr(c, f) for f in pycls.__slots__} == {f: getattr(py, f) for f in pycls.__slots__}
+        for f in pycls.__slots__:
+            setattr(c, f, "x")
+            assert getattr(c, f) == "x"
+        with pytest.raises(ValueError):
+            cls(*[("too", "few") if a is facts else a for a in args])
+
+
+def test_the_c_wrappers_sit_in_a_class_like_functions(hot):
+    rec = Recorder("cpu", 100, LOG, "c")
+    rec.timer = CpuTimer()
+
+    class Worker:
+        def forward_batch_generation(self, batch, *rest, **kw):
+            """SGLang's docstring."""
+            return NS(me=self, rest=rest, kw=kw, can_run_cuda_graph=True)
+
+    class Scheduler:
+        def run_batch(self, batch, worker):
+            return worker.forward_batch_generation(batch, 1, k=2)
+
+    orig = Worker.__dict__["forward_batch_generation"]
+    wrapped = rec.phase_method(Hook(FORWARD), orig)
+    functools.update_wrapper(wrapped, orig)
+    Worker.forward_batch_generation = wrapped
+    Scheduler.run_batch = rec.step_method(Hook(STEP), Scheduler.__dict__["run_batch"])
+    assert type(wrapped).__name__ == "PhaseHook"
+    assert Worker.forward_batch_generation is wrapped  # from the class: itself, as a function is
+    assert wrapped.__name__ == "forward_batch_generation" and wrapped.__doc__ == "SGLang's docstring."
+    assert wrapped.__wrapped__ is orig
+    w, s = Worker(), Scheduler()
+    bound = w.forward_batch_generation
+    assert bound.__self__ is w and bound.__func__ is wrapped
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0])
+    out = s.run_batch(b, w)
+    assert (out.me, out.rest, out.kw) == (w, (1,), {"k": 2})
+    assert bound(b).me is w and Worker.forward_batch_generation(w, b).me is w
+    (st,) = rec.steps
+    assert [ph.phase for ph in st.phases] == ["decode"] and st.batch_size == 2
+
+
+def test_instrument_and_uninstrument_put_c_wrappers_in_and_take_them_out(hot, monkeypatch):
+    import sys
+    import types
+
+    mod = types.ModuleType("sgl_probe_test_fake_sched")
+
+    class TpModelWorker:
+        def forward_batch_generation(self, batch):
+            return NS(can_run_cuda_graph=True)
+
+    mod.TpModelWorker = TpModelWorker
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    orig = TpModelWorker.__dict__["forward_batch_generation"]
+    target = targets.Target("phase", ("decode",), mod.__name__, "TpModelWorker.forward_batch_generation",
+                            "forward")
+    probe = NS(recorder=Recorder("cpu", 100, LOG, "c"))
+    inst = Instrumentor(probe, (target,))
+    inst.instrument()
+    inst.apply(target, mod)
+    assert type(TpModelWorker.__dict__["forward_batch_generation"]).__name__ == "PhaseHook"
+    assert inst.apply(target, mod)  # already ours: not wrapped twice
+    inst.uninstrument()
+    assert TpModelWorker.__dict__["forward_batch_generation"] is orig
+
+
+def test_the_c_clock_is_perf_counter_ns(hot):
+    for _ in range(1000):
+        a = time.perf_counter_ns()
+        b = hot.now_ns()
+        c = time.perf_counter_ns()
+        assert a <= b <= c
+
+
+def test_a_keyboard_interrupt_in_the_probe_propagates_as_in_python(hot):
+    for which in ("python", "c"):
+        rec = Recorder("cpu", 100, LOG, which)
+        rec.timer = CpuTimer()
+        calls = []
+
+        def read(*a):
+            raise KeyboardInterrupt
+
+        step = rec.step_method(Hook(STEP), lambda s, b: calls.append(1))
+        hook = Hook(FORWARD)
+        fwd = rec.phase_method(hook, lambda w, b: calls.append(2))
+        b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+        import sgl_probe.readers as readers
+
+        orig = readers.ENTER["forward"]
+        readers.ENTER["forward"] = read
+        try:
+            fwd2 = rec.phase_method(Hook(FORWARD), lambda w, b: calls.append(3))
+        finally:
+            readers.ENTER["forward"] = orig
+        with pytest.raises(KeyboardInterrupt):
+            step(None, b) if False else rec.step_method(Hook(STEP), lambda s, bb: fwd2(None, bb))(None, b)
+        assert calls == [] and hook.enabled
+        assert rec.tls.cur == [None, None], which
+        step(None, b)
+        fwd(None, b)
+        assert calls == [1, 2]
+
+
+def test_an_error_inside_the_probe_disables_the_hook_and_sglang_runs(hot, caplog):
+    rec = Recorder("cpu", 100, LOG, "c")
+
+    class Broken(CpuTimer):
+        def start(self, now_ns):
+            raise RuntimeError("timer broke")
+
+    rec.timer = Broken()
+    hook = Hook(FORWARD)
+    fwd = rec.phase_method(hook, lambda w, b: "sglang")
+    step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    with caplog.at_level(logging.ERROR, logger="sgl_probe"):
+        assert step(None, b) == "sglang" and step(None, b) == "sglang"
+    assert not hook.enabled
+    assert [r.getMessage() for r in caplog.records if "disabled" in r.getMessage()] == [
+        "sgl-probe: hook " + FORWARD.name + " disabled after an internal error: RuntimeError('timer broke') "
+        "(SGLang is unaffected)"]
+
+
+def test_no_memory_is_kept_per_call(hot):
+    rec = Recorder("cpu", 10, LOG, "c")
+    rec.timer = CpuTimer()
+    rec.drop = lambda st: None
+    fwd = rec.phase_method(Hook(FORWARD), lambda w, b, **k: NS(can_run_cuda_graph=False))
+    verify = rec.phase_method(Hook(VERIFY_V2), lambda w, b: NS(can_run_cuda_graph=True))
+    step = rec.step_method(Hook(STEP), lambda s, b: (fwd(s, b, x=1), verify(s, b)))
+    worker = NS(model_runner=NS(server_args=NS(disable_cuda_graph=True)))
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0, 0])
+
+    def run(n):
+        for _ in range(n):
+            step(worker, b)
+            rec.steps.clear()
+            rec.awaiting_accept.clear()
+
+    run(2000)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run(20000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20000, f"{grown} bytes kept over 20,000 steps"
+
+
+def test_the_c_timer_start_and_stop_match_the_python_ones(hot):
+    ends = []
+    for fast in (None, hot):
+        ft = _FakeTorch()
+        timer = CudaTimer(ft, fast)
+        timer.relax_capture_mode = False
+        assert timer.fast_stream
+        assert (type(timer.start).__name__ == "builtin_function_or_method") == (fast is not None)
+        seen = []
+        for i, queued in enumerate((0.0, 2.0, 2.0, 5.0, 5.0)):
+            tok = timer.start(10**12 + i * 1_000_000)
+            ft.queued_ms = queued
+            if i == 3:
+                ft.capturing = True
+            end = timer.stop(tok, 10**12 + i * 1_000_000 + 500)
+            ft.capturing = False
+            seen.append((len(tok), tok[0], tok[1] is not None,
+                         None if end is None else (end[2], end[3][1], end[0] is end[3][0])))
+            if end is not None and i % 2:
+                timer.release(tok, end)
+        ends.append((seen, len(ft.records), sorted(timer._anchors)))
+    assert ends[0] == ends[1]
+
+
+def test_sgl_probe_hotpath_picks_and_a_bad_value_names_the_variable(hot, caplog):
+    assert config.load({"SGL_PROBE_HOTPATH": "python"}).hotpath == "python"
+    assert config.load({}).hotpath == "auto"
+    with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+        cfg = config.load({"SGL_PROBE_HOTPATH": "fast"})
+    assert cfg.hotpath == "auto"
+    assert "SGL_PROBE_HOTPATH='fast': accepted values are auto, c, python" in caplog.text
+    assert hotpath.name(hotpath.load("python")) == "python"
+    assert hotpath.name(hotpath.load("auto")) == "c" == hotpath.name(hotpath.load("c"))

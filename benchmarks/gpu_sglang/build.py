@@ -117,9 +117,29 @@ def build_probe_wheel(dest: Path, ref: str | None = None) -> Path:
             src.mkdir()
             archive = subprocess.run(["git", "archive", ref], cwd=REPO, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
+        subprocess.run([gpu_python(), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
                        check=True)
     return next(dest.glob("sgl_probe-*.whl"))
+
+
+#: The GPU image's Python: the probe's C hot path is compiled for it.
+GPU_PYTHON = "3.12"
+
+
+def gpu_python() -> str:
+    """An interpreter of the GPU image's Python version (``python3.12`` on PATH, or pyenv's), so the
+    wheel carries the C hot path built for it; this interpreter (a pure-Python wheel) otherwise."""
+    if "%d.%d" % sys.version_info[:2] == GPU_PYTHON:
+        return sys.executable
+    found = shutil.which(f"python{GPU_PYTHON}")
+    pyenv = sorted(Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"), "versions").glob(
+        f"{GPU_PYTHON}.*/bin/python{GPU_PYTHON}"))
+    for candidate in ([found] if found else []) + [str(p) for p in pyenv]:
+        if subprocess.run([candidate, "-c", "import pip"], capture_output=True).returncode == 0:
+            return candidate
+    print(f"build.py: no Python {GPU_PYTHON} here: the sgl-probe wheel is pure Python (no C hot path)",
+          file=sys.stderr)
+    return sys.executable
 
 
 def build_models(dest: Path) -> None:

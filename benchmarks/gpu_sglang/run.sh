@@ -30,7 +30,7 @@ fi
 echo "[run.sh] installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT"/machine.txt 2>&1
 # PYTHONSAFEPATH: from the checkout, -c would import the checkout's sgl_probe instead of the wheel's.
-PYTHONSAFEPATH=1 PYTHONPATH=/tmp/probe:/tmp/site python3 -c 'import torch, sglang, sgl_probe; print("torch", torch.__version__, "cuda", torch.version.cuda, "sglang", sglang.__version__, "sgl_probe", sgl_probe.__version__, "from", sgl_probe.__file__)' >> "$OUT"/machine.txt 2>&1
+PYTHONSAFEPATH=1 PYTHONPATH=/tmp/probe:/tmp/site python3 -c 'import torch, sglang, sgl_probe, sgl_probe.hotpath as h; print("torch", torch.__version__, "cuda", torch.version.cuda, "sglang", sglang.__version__, "sgl_probe", sgl_probe.__version__, "from", sgl_probe.__file__, "hot path", h.name(h.load()))' >> "$OUT"/machine.txt 2>&1
 cat "$OUT"/machine.txt
 python3 "$HERE"/device.py "$@" --carry "$CARRY" --out "$OUT"
 rc=$?

@@ -26,7 +26,8 @@ probe, and ``scheduler_wait_us_per_step`` the loop thread's time off a CPU beyon
 ``--breakdown`` adds where the CPU goes per step, stage by stage (thread CPU time, same steps).
 
 ``--compare REV`` measures this tree's probe against the probe of git revision ``REV`` (checked out
-into a temporary directory, run by that revision's own copy of this script), in one run: the
+into a temporary directory, run by that revision's own copy of this script; ``--compare python``:
+this tree with its Python hot path, ``SGL_PROBE_HOTPATH=python``), in one run: the
 designs ``off``, ``no_export`` and ``out_of_process`` of both, in an order rotated every repeat.
 It prints each one's probe share (its in-process CPU minus the ``off`` run of the same repeat,
 median and bootstrap 95 % interval over repeats) and the per-repeat ratio new / base; with
@@ -79,7 +80,18 @@ def _workload(step_s: float, busy_s: float = 0.0):
         sleep(step_s)  # the GPU wait: the GIL is released, as in SGLang's synchronize
         late.append(perf() - t0 - step_s)
 
-    return install(MODULE, forward), Batch(ForwardMode.DECODE, 8), late
+    batch = Batch(ForwardMode.DECODE, 8)
+    batch.seq_lens = _SeqLens((8,))  # what the readers see of SGLang's tensor: its shape
+    return install(MODULE, forward), batch, late
+
+
+class _SeqLens:
+    """SGLang's ``seq_lens`` tensor as the probe reads it (``shape`` only, never the data)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple) -> None:
+        self.shape = shape
 
 
 def _table():
@@ -194,6 +206,7 @@ def worker(design: str, steps: int, step_ms: float, busy_us: float = 0.0) -> dic
     c1, x1, t1 = _self_cpu_s(), _proc_cpu_s(exporter_pid) if exporter_pid else 0.0, time.perf_counter()
     th1 = _threads_cpu_s()
     out = {"design": design, "steps": steps, "wall_s": t1 - t0,
+           "hotpath": probe.recorder.hotpath if probe is not None else None,
            "in_process_cpu_us_per_step": (c1 - c0) / steps * 1e6,
            "out_of_process_cpu_us_per_step": (x1 - x0) / steps * 1e6,
            # The loop alone, before the final flush: with --busy-us, what the scheduler thread
@@ -302,8 +315,9 @@ def _gil_hold(probe, sched, batch, steps: int) -> dict:
 
 # -- the driver ---------------------------------------------------------------------------------
 
-def _run_worker(design: str, args, receiver, trace_dir, script: str = __file__) -> dict:
+def _run_worker(design: str, args, receiver, trace_dir, script: str = __file__, extra_env=None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
+    env.update(extra_env or {})
     if design != "no_export":  # the probe measures and logs its summary line, and sends nothing
         env.update(receiver.env("grpc"))
     env.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(ROOT),
@@ -334,13 +348,13 @@ def _run_worker(design: str, args, receiver, trace_dir, script: str = __file__) 
     return res
 
 
-def _breakdown(script: str, steps: int) -> dict:
+def _breakdown(script: str, steps: int, extra_env=None) -> dict:
     """``breakdown`` as the tree of ``script`` defines it, in a fresh process."""
     root, bench = Path(script).resolve().parents[1], Path(script).resolve().parent
     done = subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = [%r, %r]; import export_cpu, json; "
                            "print(json.dumps(export_cpu.breakdown(%d)))" % (str(root), str(bench), steps)],
                           capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(root)})
+                          env={**os.environ, "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(root), **(extra_env or {})})
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -361,14 +375,18 @@ def compare(args) -> dict:
     variants = ("off", "no_export", "out_of_process", "no_export@base", "out_of_process@base")
     runs: dict = {v: [] for v in variants}
     with OTLPReceiver() as receiver, tempfile.TemporaryDirectory() as tmp:
-        base_script = _checkout(args.compare, tmp)
+        # "python": this tree, its Python hot path (SGL_PROBE_HOTPATH=python) as the base.
+        base_script = __file__ if args.compare == "python" else _checkout(args.compare, tmp)
+        base_env = {"SGL_PROBE_HOTPATH": "python"} if args.compare == "python" else None
         trace_dir = tempfile.mkdtemp(dir=tmp) if args.trace_dir else None
         for r in range(args.repeats):
             for v in rotation(variants, r):
                 design, _, base = v.partition("@")
-                runs[v].append(_run_worker(design, args, receiver, trace_dir, base_script if base else __file__))
+                runs[v].append(_run_worker(design, args, receiver, trace_dir, base_script if base else __file__,
+                                           base_env if base else None))
                 receiver.clear()
-        breakdown = {"new": _breakdown(__file__, args.steps), "base": _breakdown(base_script, args.steps)} \
+        breakdown = {"new": _breakdown(__file__, args.steps),
+                     "base": _breakdown(base_script, args.steps, base_env)} \
             if args.breakdown else None
 
     def cpu(v: str) -> list:

@@ -155,3 +155,45 @@ def test_pip_uninstall_leaves_no_startup_file(tmp_path, venvs):
     assert not left
     assert not [p for p in sp.iterdir() if "sgl_probe" in p.name or "sgl-probe" in p.name]
     assert not list(sp.glob("__pycache__/_sgl_probe_arm*"))  # compiled by every start before
+
+
+def _hotpath_in(venv: Path, cwd: Path) -> str:
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import sgl_probe.hotpath as h; m = h.load(); print(h.name(m), getattr(m, '__file__', '-'))"],
+                         cwd=cwd, capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if not k.startswith(("SGL_PROBE", "PYTHONPATH"))})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_the_wheel_carries_the_c_hot_path_built_for_this_python(tmp_path, venvs):
+    """With a C compiler (CI has one: tests/run.sh requires it then), ``pip install`` builds
+    ``sgl_probe/_hot.c`` into the wheel, tagged for this interpreter, and the probe loads it."""
+    import sysconfig
+    import zipfile
+
+    from tests.hotpaths import c_module
+
+    c_module()  # skips (or fails, under SGL_PROBE_TEST_REQUIRE_EXT=1) where nothing could be built
+    wheel = venvs["wheel"]
+    tag = "cp%d%d" % tuple(__import__("sys").version_info[:2])
+    assert f"-{tag}-{tag}-" in wheel.name, wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n for n in names if n.startswith("sgl_probe/_hot")} == {
+        "sgl_probe/_hot" + sysconfig.get_config_var("EXT_SUFFIX"), "sgl_probe/_hot.c"}
+    name, path = _hotpath_in(venvs["with"], tmp_path)
+    assert name == "c" and path.startswith(str(site_packages_of(venvs["with"])))
+
+
+def test_without_the_extension_the_wheel_is_pure_python_and_the_probe_runs_python(tmp_path):
+    env = {**os.environ, "SGL_PROBE_BUILD_EXT": "0"}
+    out = tmp_path / "wheel"
+    subprocess.run([__import__("sys").executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                   check=True, stdout=subprocess.DEVNULL, env=env)
+    (wheel,) = out.glob("sgl_probe-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    import zipfile
+
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith((".so", ".pyd"))]
+    venv = fresh_venv(tmp_path / "pure", wheel)
+    assert _hotpath_in(venv, tmp_path) == ["python", "-"]

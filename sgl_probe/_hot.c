@@ -859,6 +859,41 @@ static PyGetSetDef hook_getset[] = {
     {NULL},
 };
 
+/* A wrapper with the fields every kind has; the others None (the constructors fill in theirs).
+   ``queue``: where the wrapper appends (its bound ``append`` is kept), or None. */
+static HookObject *
+hook_alloc(PyTypeObject *type, vectorcallfunc call, PyObject *tls, PyObject *hook, PyObject *orig, PyObject *clock_from,
+           PyObject *rec, PyObject *spec, PyObject *target, PyObject *read, PyObject *queue)
+{
+    PyObject *append = queue == Py_None ? Py_NewRef(Py_None) : PyObject_GetAttr(queue, s_append);
+    if (append == NULL)
+        return NULL;
+    HookObject *h = PyObject_GC_New(HookObject, type);
+    if (h == NULL) {
+        Py_DECREF(append);
+        return NULL;
+    }
+    h->vectorcall = call;
+    h->dict = NULL;
+    PyObject **f = HOOK_OBJS(h);
+    for (int i = 1; i < N_HOOK_OBJS; i++)
+        f[i] = Py_NewRef(Py_None);
+    Py_SETREF(h->tls, Py_NewRef(tls));
+    Py_SETREF(h->hook, Py_NewRef(hook));
+    Py_SETREF(h->orig, Py_NewRef(orig));
+    Py_SETREF(h->clock_from, Py_NewRef(clock_from));
+    Py_SETREF(h->rec, Py_NewRef(rec));
+    Py_SETREF(h->spec, Py_NewRef(spec));
+    Py_SETREF(h->target, Py_NewRef(target));
+    Py_SETREF(h->read, Py_NewRef(read));
+    Py_SETREF(h->queue, Py_NewRef(queue));
+    Py_SETREF(h->queue_append, append);
+    h->leave_attr = 0;
+    h->fast_read = FAST_NONE;
+    h->mark = 0;
+    return h;
+}
+
 static PyObject *
 step_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -870,34 +905,13 @@ step_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                      &target, &read, &orig, &PyDict_Type, &clock_from, &fast_read, &PyDict_Type,
                                      &mode_names, &PyDict_Type, &phase_of))
         return NULL;
-    PyObject *append = PyObject_GetAttr(steps, s_append);
-    if (append == NULL)
+    HookObject *h = hook_alloc(type, (vectorcallfunc)step_call, tls, hook, orig, clock_from, rec, spec, target, read,
+                               steps);
+    if (h == NULL)
         return NULL;
-    HookObject *h = PyObject_GC_New(HookObject, type);
-    if (h == NULL) {
-        Py_DECREF(append);
-        return NULL;
-    }
-    h->vectorcall = (vectorcallfunc)step_call;
-    h->dict = NULL;
-    h->rec = Py_NewRef(rec);
-    h->tls = Py_NewRef(tls);
-    h->spec = Py_NewRef(spec);
-    h->hook = Py_NewRef(hook);
-    h->target = Py_NewRef(target);
-    h->read = Py_NewRef(read);
-    h->orig = Py_NewRef(orig);
-    h->clock_from = Py_NewRef(clock_from);
-    h->queue_append = append;
-    h->queue = Py_NewRef(steps);
-    h->name = Py_NewRef(Py_None);
-    h->leave = Py_NewRef(Py_None);
-    h->why = Py_NewRef(Py_None);
-    h->mode_names = Py_NewRef(mode_names);
-    h->phase_of = Py_NewRef(phase_of);
-    h->leave_attr = 0;
+    Py_SETREF(h->mode_names, Py_NewRef(mode_names));
+    Py_SETREF(h->phase_of, Py_NewRef(phase_of));
     h->fast_read = fast_read;
-    h->mark = 0;
     PyObject_GC_Track(h);
     return (PyObject *)h;
 }
@@ -914,34 +928,17 @@ phase_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                      &hook, &target, &name, &read, &leave, &leave_attr, &why, &orig, &PyDict_Type,
                                      &clock_from, &fast_read, &PyDict_Type, &mode_names, &PyDict_Type, &phase_of))
         return NULL;
-    PyObject *append = PyObject_GetAttr(awaiting, s_append);
-    if (append == NULL)
+    HookObject *h = hook_alloc(type, (vectorcallfunc)phase_call, tls, hook, orig, clock_from, rec, spec, target, read,
+                               awaiting);
+    if (h == NULL)
         return NULL;
-    HookObject *h = PyObject_GC_New(HookObject, type);
-    if (h == NULL) {
-        Py_DECREF(append);
-        return NULL;
-    }
-    h->vectorcall = (vectorcallfunc)phase_call;
-    h->dict = NULL;
-    h->rec = Py_NewRef(rec);
-    h->tls = Py_NewRef(tls);
-    h->spec = Py_NewRef(spec);
-    h->hook = Py_NewRef(hook);
-    h->target = Py_NewRef(target);
-    h->read = Py_NewRef(read);
-    h->orig = Py_NewRef(orig);
-    h->clock_from = Py_NewRef(clock_from);
-    h->queue_append = append;
-    h->queue = Py_NewRef(awaiting);
-    h->name = Py_NewRef(name);
-    h->leave = Py_NewRef(leave);
-    h->why = Py_NewRef(why);
-    h->mode_names = Py_NewRef(mode_names);
-    h->phase_of = Py_NewRef(phase_of);
+    Py_SETREF(h->name, Py_NewRef(name));
+    Py_SETREF(h->leave, Py_NewRef(leave));
+    Py_SETREF(h->why, Py_NewRef(why));
+    Py_SETREF(h->mode_names, Py_NewRef(mode_names));
+    Py_SETREF(h->phase_of, Py_NewRef(phase_of));
     h->leave_attr = leave_attr;
     h->fast_read = fast_read;
-    h->mark = 0;
     PyObject_GC_Track(h);
     return (PyObject *)h;
 }
@@ -960,28 +957,10 @@ mark_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "mark: 'graph' or 'launch'");
         return NULL;
     }
-    HookObject *h = PyObject_GC_New(HookObject, type);
+    HookObject *h = hook_alloc(type, (vectorcallfunc)mark_call, tls, hook, orig, clock_from, Py_None, Py_None, Py_None,
+                               Py_None, Py_None);
     if (h == NULL)
         return NULL;
-    h->vectorcall = (vectorcallfunc)mark_call;
-    h->dict = NULL;
-    h->rec = Py_NewRef(Py_None);
-    h->tls = Py_NewRef(tls);
-    h->spec = Py_NewRef(Py_None);
-    h->hook = Py_NewRef(hook);
-    h->target = Py_NewRef(Py_None);
-    h->read = Py_NewRef(Py_None);
-    h->orig = Py_NewRef(orig);
-    h->clock_from = Py_NewRef(clock_from);
-    h->queue_append = Py_NewRef(Py_None);
-    h->queue = Py_NewRef(Py_None);
-    h->name = Py_NewRef(Py_None);
-    h->leave = Py_NewRef(Py_None);
-    h->why = Py_NewRef(Py_None);
-    h->mode_names = Py_NewRef(Py_None);
-    h->phase_of = Py_NewRef(Py_None);
-    h->leave_attr = 0;
-    h->fast_read = FAST_NONE;
     h->mark = which;
     PyObject_GC_Track(h);
     return (PyObject *)h;
@@ -990,56 +969,30 @@ mark_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 #define HOOK_FLAGS                                                                                             \
     (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR)
 
-static PyTypeObject StepHookType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "sgl_probe._hot.StepHook",
-    .tp_doc = "Recorder.step_method's wrapper in C: a scheduler iteration, the parent of its phases.",
-    .tp_basicsize = sizeof(HookObject),
-    .tp_flags = HOOK_FLAGS,
-    .tp_new = step_hook_new,
-    .tp_dealloc = (destructor)hook_dealloc,
-    .tp_traverse = (traverseproc)hook_traverse,
-    .tp_clear = (inquiry)hook_clear,
-    .tp_vectorcall_offset = offsetof(HookObject, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_descr_get = hook_descr_get,
-    .tp_dictoffset = offsetof(HookObject, dict),
-    .tp_getset = hook_getset,
-};
+/* The three wrapper types differ only in name, doc and constructor (each sets its vectorcall). */
+#define HOOK_TYPE(var, name, doc, new_fn)                                                                      \
+    static PyTypeObject var = {                                                                                \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sgl_probe._hot." name,                                       \
+        .tp_doc = doc,                                                                                         \
+        .tp_basicsize = sizeof(HookObject),                                                                    \
+        .tp_flags = HOOK_FLAGS,                                                                                \
+        .tp_new = new_fn,                                                                                      \
+        .tp_dealloc = (destructor)hook_dealloc,                                                                \
+        .tp_traverse = (traverseproc)hook_traverse,                                                            \
+        .tp_clear = (inquiry)hook_clear,                                                                       \
+        .tp_vectorcall_offset = offsetof(HookObject, vectorcall),                                              \
+        .tp_call = PyVectorcall_Call,                                                                          \
+        .tp_descr_get = hook_descr_get,                                                                        \
+        .tp_dictoffset = offsetof(HookObject, dict),                                                           \
+        .tp_getset = hook_getset,                                                                              \
+    }
 
-static PyTypeObject PhaseHookType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "sgl_probe._hot.PhaseHook",
-    .tp_doc = "Recorder.phase_method's wrapper in C: a timed call inside a step.",
-    .tp_basicsize = sizeof(HookObject),
-    .tp_flags = HOOK_FLAGS,
-    .tp_new = phase_hook_new,
-    .tp_dealloc = (destructor)hook_dealloc,
-    .tp_traverse = (traverseproc)hook_traverse,
-    .tp_clear = (inquiry)hook_clear,
-    .tp_vectorcall_offset = offsetof(HookObject, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_descr_get = hook_descr_get,
-    .tp_dictoffset = offsetof(HookObject, dict),
-    .tp_getset = hook_getset,
-};
-
-static PyTypeObject MarkHookType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "sgl_probe._hot.MarkHook",
-    .tp_doc = "Recorder.graph_method / launch_method's wrapper in C: marks the open phase.",
-    .tp_basicsize = sizeof(HookObject),
-    .tp_flags = HOOK_FLAGS,
-    .tp_new = mark_hook_new,
-    .tp_dealloc = (destructor)hook_dealloc,
-    .tp_traverse = (traverseproc)hook_traverse,
-    .tp_clear = (inquiry)hook_clear,
-    .tp_vectorcall_offset = offsetof(HookObject, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_descr_get = hook_descr_get,
-    .tp_dictoffset = offsetof(HookObject, dict),
-    .tp_getset = hook_getset,
-};
+HOOK_TYPE(StepHookType, "StepHook", "Recorder.step_method's wrapper in C: a scheduler iteration, the parent of its phases.",
+          step_hook_new);
+HOOK_TYPE(PhaseHookType, "PhaseHook", "Recorder.phase_method's wrapper in C: a timed call inside a step.",
+          phase_hook_new);
+HOOK_TYPE(MarkHookType, "MarkHook", "Recorder.graph_method / launch_method's wrapper in C: marks the open phase.",
+          mark_hook_new);
 
 /* ---- the CUDA timer's hot side (timing.CudaTimer.start / .stop, the fast-stream variant) ----- */
 

@@ -5,7 +5,6 @@ a KeyboardInterrupt in the probe's own work propagates as in Python; SGL_PROBE_H
 
 from __future__ import annotations
 
-import enum
 import functools
 import gc
 import logging
@@ -20,26 +19,12 @@ from sgl_probe.instrument import Hook, Instrumentor
 from sgl_probe.recorder import Recorder
 from sgl_probe.timing import CpuTimer, CudaTimer
 from tests.hotpaths import c_module
+from tests.test_exact_recorder import FORWARD, STEP, VERIFY_V1, VERIFY_V2, ForwardMode, _target
 from tests.test_gpu_free_parts import _FakeTorch
 
 LOG = logging.getLogger("sgl_probe.test")
 
 
-class ForwardMode(enum.Enum):
-    EXTEND = 1
-    DECODE = 2
-    TARGET_VERIFY = 3
-    IDLE = 4
-
-
-def _target(**match) -> targets.Target:
-    return next(t for t in targets.TARGETS if all(getattr(t, k) == v for k, v in match.items()))
-
-
-STEP = _target(role="step")
-FORWARD = _target(reader="forward")
-VERIFY_V2 = _target(reader="verify_v2")
-VERIFY_V1 = _target(reader="verify_v1")
 DRAFT = _target(role="phase", reader="spec_call", phases=("draft",), since="0.5.5")
 
 PHASE_FIELDS = ("phase", "mode", "batch_size", "num_tokens", "host0", "host1", "t_start", "t_end", "graph",

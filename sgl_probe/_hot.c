@@ -854,7 +854,27 @@ hook_dict_get(PyObject *self, void *closure)
     return PyObject_GenericGetDict(self, closure);
 }
 
+/* ``sgl_probe_original``: the function the wrapper calls (what the Python wrappers keep in a closure
+   cell); writable, so a profiler can put a timing layer between the two, as it can in a cell. */
+static PyObject *
+hook_original_get(HookObject *h, void *closure)
+{
+    return Py_NewRef(h->orig);
+}
+
+static int
+hook_original_set(HookObject *h, PyObject *value, void *closure)
+{
+    if (value == NULL || !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "sgl_probe_original must be a callable");
+        return -1;
+    }
+    Py_SETREF(h->orig, Py_NewRef(value));
+    return 0;
+}
+
 static PyGetSetDef hook_getset[] = {
+    {"sgl_probe_original", (getter)hook_original_get, (setter)hook_original_set, NULL, NULL},
     {"__dict__", hook_dict_get, PyObject_GenericSetDict, NULL, NULL},
     {NULL},
 };

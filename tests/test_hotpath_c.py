@@ -209,7 +209,7 @@ def test_the_c_wrappers_sit_in_a_class_like_functions(hot):
     assert type(wrapped).__name__ == "PhaseHook"
     assert Worker.forward_batch_generation is wrapped  # from the class: itself, as a function is
     assert wrapped.__name__ == "forward_batch_generation" and wrapped.__doc__ == "SGLang's docstring."
-    assert wrapped.__wrapped__ is orig
+    assert wrapped.__wrapped__ is orig and wrapped.sgl_probe_original is orig
     w, s = Worker(), Scheduler()
     bound = w.forward_batch_generation
     assert bound.__self__ is w and bound.__func__ is wrapped
@@ -366,3 +366,18 @@ def test_sgl_probe_hotpath_picks_and_a_bad_value_names_the_variable(hot, caplog)
     assert "SGL_PROBE_HOTPATH='fast': accepted values are auto, c, python" in caplog.text
     assert hotpath.name(hotpath.load("python")) == "python"
     assert hotpath.name(hotpath.load("auto")) == "c" == hotpath.name(hotpath.load("c"))
+
+
+def test_the_function_a_c_wrapper_calls_can_be_layered_as_a_closure_cell_can(hot):
+    """What benchmarks/probe_pause does to time the probe from inside: a layer between the wrapper
+    and SGLang's function, through ``sgl_probe_original``."""
+    rec = Recorder("cpu", 100, LOG, "c")
+    rec.timer = CpuTimer()
+    seen = []
+    orig = lambda w, b: "sglang"  # noqa: E731
+    fwd = rec.phase_method(Hook(FORWARD), orig)
+    fwd.sgl_probe_original = lambda *a: seen.append(a) or orig(*a)
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+    assert fwd("w", b) == "sglang" and seen == [("w", b)]
+    with pytest.raises(TypeError):
+        fwd.sgl_probe_original = 3

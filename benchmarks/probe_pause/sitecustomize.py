@@ -148,10 +148,14 @@ def _time_wrappers(probe):
             fn = vars(owner).get(attr) if isinstance(owner, type) else None
             cells = getattr(fn, "__closure__", None) or ()
             cell = next((c for c in cells if c.cell_contents is hook.original), None)
-            if cell is None:  # not one of the per-step replacements (wrapt wrappers keep no cell)
-                continue
             mine = _BY.setdefault(hook.target.name, [0, 0, 0])
-            cell.cell_contents = _inside(hook.original, mine)
+            if cell is not None:  # the Python hot path: the original sits in a closure cell
+                cell.cell_contents = _inside(hook.original, mine)
+            elif getattr(fn, "sgl_probe_original", None) is hook.original:  # the C hot path's wrappers
+                fn.sgl_probe_original = _inside(hook.original, mine)
+            else:  # not one of the per-step replacements (wrapt wrappers keep no cell)
+                _BY.pop(hook.target.name, None)
+                continue
             outside = _outside(fn, hook.target.role == "step", mine)
             outside._self_sgl_probe_hook = hook  # uninstrument still puts the original back
             setattr(owner, attr, outside)

@@ -197,8 +197,10 @@ def test_dockerfile_installs_with_the_readme_line_and_copies_what_the_build_need
     # files, the readme; and the .dockerignore lets exactly those through.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     wheel = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+    hook = wheel.get("hooks", {}).get("custom")  # the build hook compiling the C hot path
     needed = {"pyproject.toml", project["project"]["readme"], *wheel["packages"],
-              *(src.split("/")[0] for src in wheel["force-include"])}
+              *(src.split("/")[0] for src in wheel["force-include"]),
+              *([hook.get("path", "hatch_build.py")] if hook is not None else [])}
     copied = {src for line in re.findall(r"^COPY (.+) /opt/sgl-probe/?\S*$", text, re.M) for src in line.split()}
     assert copied == needed, (copied, needed)
     ignore = [line for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
@@ -210,7 +212,7 @@ def test_dockerfile_installs_with_the_readme_line_and_copies_what_the_build_need
     for name in needed:
         src = ROOT / name
         if src.is_dir():
-            shutil.copytree(src, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(src, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
         else:
             shutil.copy(src, ctx / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "w"), str(ctx)],

@@ -21,6 +21,7 @@ hook switched off); a BaseException that is not an Exception propagates, as in P
 #include <time.h>
 
 static PyObject *s__capturing, *s__stream_key, *s__streams, *s__pool, *s__record, *s__anchors;
+static PyObject *s_cuda_stream, *s_cuda_event;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
     *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_last_end,
@@ -1016,9 +1017,22 @@ HOOK_TYPE(MarkHookType, "MarkHook", "Recorder.graph_method / launch_method's wra
 
 /* ---- the CUDA timer's hot side (timing.CudaTimer.start / .stop, the fast-stream variant) ----- */
 
+/* The CUDA runtime's own entry points (cudaError_t and the capture status are C ints). */
+typedef int (*event_record_fn)(void *event, void *stream);
+typedef int (*stream_is_capturing_fn)(void *stream, int *status);
+typedef int (*get_last_error_fn)(void);
+
 typedef struct {
     PyObject_HEAD
     PyObject *timer, *state;
+    /* ``runtime``: the phase end's capture check and event record go straight to libcudart, with
+       the GIL held. torch's ``Event.record`` releases the GIL around the call (another thread may
+       take it, and the scheduler thread waits to get it back) and sets the device around it;
+       its capture check is a Python call of its own. NULL: torch's calls, as in Python. */
+    event_record_fn event_record;
+    stream_is_capturing_fn is_capturing;
+    get_last_error_fn get_last_error;
+    PyObject *on_fail; /* called once with a message when a runtime call failed (then torch's) */
 } CudaFastObject;
 
 static int
@@ -1026,6 +1040,7 @@ fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
 {
     Py_VISIT(f->timer);
     Py_VISIT(f->state);
+    Py_VISIT(f->on_fail);
     return 0;
 }
 
@@ -1034,6 +1049,7 @@ fast_clear(CudaFastObject *f)
 {
     Py_CLEAR(f->timer);
     Py_CLEAR(f->state);
+    Py_CLEAR(f->on_fail);
     return 0;
 }
 
@@ -1048,15 +1064,36 @@ fast_dealloc(CudaFastObject *f)
 static PyObject *
 fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"timer", "state", NULL};
-    PyObject *timer, *state;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:CudaFast", kw, &timer, &PyDict_Type, &state))
+    static char *kw[] = {"timer", "state", "runtime", NULL};
+    PyObject *timer, *state, *runtime = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|O:CudaFast", kw, &timer, &PyDict_Type, &state, &runtime))
         return NULL;
+    void *record = NULL, *capturing = NULL, *last_error = NULL;
+    PyObject *on_fail = NULL;
+    if (runtime != Py_None) {
+        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError addresses, on_fail) */
+        PyObject *a, *b, *c;
+        if (!PyArg_ParseTuple(runtime, "OOOO:runtime", &a, &b, &c, &on_fail))
+            return NULL;
+        record = PyLong_AsVoidPtr(a);
+        capturing = PyLong_AsVoidPtr(b);
+        last_error = PyLong_AsVoidPtr(c);
+        if (PyErr_Occurred())
+            return NULL;
+        if (record == NULL || capturing == NULL || last_error == NULL || !PyCallable_Check(on_fail)) {
+            PyErr_SetString(PyExc_ValueError, "runtime: three function addresses and a callable");
+            return NULL;
+        }
+    }
     CudaFastObject *f = PyObject_GC_New(CudaFastObject, type);
     if (f == NULL)
         return NULL;
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
+    f->event_record = (event_record_fn)record;
+    f->is_capturing = (stream_is_capturing_fn)capturing;
+    f->get_last_error = (get_last_error_fn)last_error;
+    f->on_fail = Py_XNewRef(on_fail);
     PyObject_GC_Track(f);
     return (PyObject *)f;
 }
@@ -1111,7 +1148,125 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     return busy ? PyTuple_Pack(3, now, last, Py_None) : PyTuple_Pack(2, now, last);
 }
 
-/* CudaTimer.stop */
+/* A runtime call failed: clear the runtime's last error (torch checks it after its own launches,
+   and must not see ours), say so once, and use torch's calls from now on. -1 if on_fail raised. */
+static int
+runtime_failed(CudaFastObject *f, const char *what, int err)
+{
+    if (f->get_last_error != NULL)
+        f->get_last_error();
+    f->event_record = NULL;
+    f->is_capturing = NULL;
+    f->get_last_error = NULL;
+    PyObject *r = PyObject_CallFunction(f->on_fail, "s", what);
+    (void)err;
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* A C pointer held by a torch object's attribute (``cuda_stream``, ``cuda_event``); 0 for none. */
+static int
+handle_of(PyObject *obj, PyObject *name, void **out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsVoidPtr(v);
+    Py_DECREF(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The current stream: torch's key for it, and the probe's Stream object for that key. */
+static int
+current_stream(CudaFastObject *f, PyObject **key_out, PyObject **stream_out)
+{
+    PyObject *fn_key = state_need(f, s__stream_key);
+    if (fn_key == NULL)
+        return -1;
+    PyObject *key = PyObject_CallOneArg(fn_key, int_minus_one);
+    if (key == NULL)
+        return -1;
+    if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 2) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: torch's current-stream key is not a tuple");
+        Py_DECREF(key);
+        return -1;
+    }
+    PyObject *streams = state_need(f, s__streams);
+    if (streams == NULL || !PyDict_Check(streams)) {
+        if (streams != NULL)
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's streams are not a dict");
+        Py_DECREF(key);
+        return -1;
+    }
+    PyObject *stream = PyDict_GetItemWithError(streams, key);
+    if (stream != NULL) {
+        Py_INCREF(stream);
+    }
+    else {
+        PyObject *found = PyErr_Occurred() ? NULL : PyObject_CallMethodNoArgs(f->timer, s_lookup_stream);
+        stream = found == NULL ? NULL : PySequence_GetItem(found, 0);
+        Py_XDECREF(found);
+        if (stream == NULL) {
+            Py_DECREF(key);
+            return -1;
+        }
+    }
+    *key_out = key;
+    *stream_out = stream;
+    return 0;
+}
+
+/* torch's capture check (the timer's ``_capturing``): 1 capturing, 0 not, -1 error. */
+static int
+torch_capturing(CudaFastObject *f)
+{
+    PyObject *fn = state_need(f, s__capturing);
+    if (fn == NULL)
+        return -1;
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL)
+        return -1;
+    int cap = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return cap;
+}
+
+static int
+torch_record(CudaFastObject *f, PyObject *ev, PyObject *stream)
+{
+    PyObject *fn = state_need(f, s__record);
+    if (fn == NULL)
+        return -1;
+    PyObject *rec_args[2] = {ev, stream};
+    PyObject *r = PyObject_Vectorcall(fn, rec_args, 2, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* An event from the pool (CudaTimer._pop where it is empty). */
+static PyObject *
+pop_event(CudaFastObject *f)
+{
+    PyObject *pool = state_need(f, s__pool);
+    if (pool == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_Check(pool) ? PyList_GET_SIZE(pool) : 0;
+    if (n == 0)
+        return PyObject_CallMethodNoArgs(f->timer, s_pop);
+    PyObject *ev = Py_NewRef(PyList_GET_ITEM(pool, n - 1));
+    if (PyList_SetSlice(pool, n - 1, n, NULL) < 0) {
+        Py_DECREF(ev);
+        return NULL;
+    }
+    return ev;
+}
+
+/* CudaTimer.stop: the capture check, the current stream, an event from the pool recorded on it,
+   and the end token with this device's anchor. */
 static PyObject *
 fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1120,109 +1275,80 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *now = args[1];
-    PyObject *fn_capturing = state_need(f, s__capturing);
-    if (fn_capturing == NULL)
-        return NULL;
-    PyObject *capturing = PyObject_CallNoArgs(fn_capturing);
-    if (capturing == NULL)
-        return NULL;
-    int cap = PyObject_IsTrue(capturing);
-    Py_DECREF(capturing);
-    if (cap < 0)
-        return NULL;
-    if (cap)
-        Py_RETURN_NONE;
-    PyObject *fn_key = state_need(f, s__stream_key);
-    if (fn_key == NULL)
-        return NULL;
-    PyObject *key = PyObject_CallOneArg(fn_key, int_minus_one);
-    if (key == NULL)
-        return NULL;
-    if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 2) {
-        PyErr_SetString(PyExc_TypeError, "sgl-probe: torch's current-stream key is not a tuple");
-        Py_DECREF(key);
-        return NULL;
-    }
-    PyObject *streams = state_need(f, s__streams);
-    if (streams == NULL || !PyDict_Check(streams)) {
-        if (streams != NULL)
-            PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's streams are not a dict");
-        Py_DECREF(key);
-        return NULL;
-    }
-    PyObject *stream = PyDict_GetItemWithError(streams, key);
-    if (stream != NULL) {
-        Py_INCREF(stream);
+    PyObject *key = NULL, *stream = NULL, *ev = NULL, *end = NULL;
+    void *stream_handle = NULL;
+    if (f->event_record == NULL) {
+        int cap = torch_capturing(f);
+        if (cap != 0)
+            return cap < 0 ? NULL : Py_NewRef(Py_None);
+        if (current_stream(f, &key, &stream) < 0)
+            return NULL;
     }
     else {
-        if (PyErr_Occurred())
-            goto fail_key;
-        PyObject *found = PyObject_CallMethodNoArgs(f->timer, s_lookup_stream);
-        if (found == NULL)
-            goto fail_key;
-        stream = PySequence_GetItem(found, 0);
-        Py_DECREF(found);
-        if (stream == NULL)
-            goto fail_key;
-    }
-    PyObject *ev;
-    PyObject *pool = state_need(f, s__pool);
-    if (pool == NULL)
-        goto fail_stream;
-    Py_ssize_t n = PyList_Check(pool) ? PyList_GET_SIZE(pool) : 0;
-    if (n > 0) {
-        ev = Py_NewRef(PyList_GET_ITEM(pool, n - 1));
-        if (PyList_SetSlice(pool, n - 1, n, NULL) < 0) {
-            Py_DECREF(ev);
-            goto fail_stream;
+        /* The stream first: the runtime's capture check asks it by its handle. */
+        if (current_stream(f, &key, &stream) < 0 || handle_of(stream, s_cuda_stream, &stream_handle) < 0)
+            goto done;
+        int status = 0;
+        int err = f->is_capturing(stream_handle, &status);
+        int cap = status != 0;
+        if (err != 0) {
+            if (runtime_failed(f, "cudaStreamIsCapturing", err) < 0 || (cap = torch_capturing(f)) < 0)
+                goto done;
+        }
+        if (cap) {
+            end = Py_NewRef(Py_None);
+            goto done;
         }
     }
-    else {
-        ev = PyObject_CallMethodNoArgs(f->timer, s_pop);
-        if (ev == NULL)
-            goto fail_stream;
+    if ((ev = pop_event(f)) == NULL)
+        goto done;
+    void *event_handle = NULL;
+    if (f->event_record != NULL && handle_of(ev, s_cuda_event, &event_handle) < 0)
+        goto done;
+    if (f->event_record != NULL && event_handle != NULL) {
+        int err = f->event_record(event_handle, stream_handle);
+        if (err != 0 && (runtime_failed(f, "cudaEventRecord", err) < 0 || torch_record(f, ev, stream) < 0))
+            goto done;
     }
-    PyObject *fn_record = state_need(f, s__record);
-    if (fn_record == NULL)
-        goto fail_ev;
-    PyObject *rec_args[2] = {ev, stream};
-    PyObject *r = PyObject_Vectorcall(fn_record, rec_args, 2, NULL);
-    if (r == NULL)
-        goto fail_ev;
-    Py_DECREF(r);
+    else if (torch_record(f, ev, stream) < 0) { /* also an event never recorded: torch creates it */
+        goto done;
+    }
     PyObject *device = PyTuple_GET_ITEM(key, 1);
     PyObject *anchors = state_need(f, s__anchors);
     if (anchors == NULL || !PyDict_Check(anchors)) {
         if (anchors != NULL)
             PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's anchors are not a dict");
-        goto fail_ev;
+        goto done;
     }
     PyObject *anchor = PyDict_GetItemWithError(anchors, device);
-    PyObject *end;
     if (anchor == NULL) {
-        if (PyErr_Occurred())
-            goto fail_ev;
-        PyObject *fa[5] = {f->timer, ev, stream, device, now};
-        end = PyObject_VectorcallMethod(s_first_anchor, fa, 5, NULL);
+        if (!PyErr_Occurred()) {
+            PyObject *fa[5] = {f->timer, ev, stream, device, now};
+            end = PyObject_VectorcallMethod(s_first_anchor, fa, 5, NULL);
+        }
     }
     else {
         end = PyTuple_Pack(4, ev, stream, now, anchor);
         if (end != NULL && PyDict_SetItem(f->state, s_last_end, end) < 0)
             Py_CLEAR(end);
     }
-    Py_DECREF(ev);
-    Py_DECREF(stream);
-    Py_DECREF(key);
+done:
+    Py_XDECREF(ev);
+    Py_XDECREF(stream);
+    Py_XDECREF(key);
     return end;
-
-fail_ev:
-    Py_DECREF(ev);
-fail_stream:
-    Py_DECREF(stream);
-fail_key:
-    Py_DECREF(key);
-    return NULL;
 }
+
+static PyObject *
+fast_runtime_get(CudaFastObject *f, void *closure)
+{
+    return PyBool_FromLong(f->event_record != NULL);
+}
+
+static PyGetSetDef fast_getset[] = {
+    {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
+    {NULL},
+};
 
 static PyMethodDef fast_methods[] = {
     {"start", (PyCFunction)(void (*)(void))fast_start, METH_FASTCALL, "CudaTimer.start(now_ns) -> token"},
@@ -1241,6 +1367,7 @@ static PyTypeObject CudaFastType = {
     .tp_traverse = (traverseproc)fast_traverse,
     .tp_clear = (inquiry)fast_clear,
     .tp_methods = fast_methods,
+    .tp_getset = fast_getset,
 };
 
 /* CpuTimer.start / .stop: the host clock itself is the token. */
@@ -1296,6 +1423,8 @@ PyInit__hot(void)
 {
     INTERN(s_perf_counter_ns, "perf_counter_ns");
     INTERN(s_forward_mode, "forward_mode");
+    INTERN(s_cuda_stream, "cuda_stream");
+    INTERN(s_cuda_event, "cuda_event");
     INTERN(s_seq_lens, "seq_lens");
     INTERN(s_shape, "shape");
     INTERN(s_step, "step");

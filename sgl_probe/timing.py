@@ -103,6 +103,22 @@ def _cudart() -> Any:
     return None if path is None else ctypes.CDLL(path)
 
 
+def _runtime_entry_points(on_fail: Any) -> Optional[tuple]:
+    """For the C hot path's phase end: the addresses of the runtime's ``cudaEventRecord``,
+    ``cudaStreamIsCapturing`` and ``cudaGetLastError`` in the libcudart torch loaded, and what to
+    call when one fails; None where they cannot be found."""
+    import ctypes
+
+    cudart = _cudart()
+    if cudart is None:
+        return None
+    try:
+        names = ("cudaEventRecord", "cudaStreamIsCapturing", "cudaGetLastError")
+        return tuple(ctypes.cast(getattr(cudart, n), ctypes.c_void_p).value for n in names) + (on_fail,)
+    except AttributeError:
+        return None
+
+
 def _exchange_capture_mode(cudart: Any) -> Any:
     """The runtime's ``cudaThreadExchangeStreamCaptureMode``."""
     import ctypes
@@ -231,8 +247,25 @@ class CudaTimer:
         elif fast is not None:
             # start / stop in C (sgl_probe.hotpath), over this object's own state: the drain thread
             # and the Python methods here see and change the same dict and containers.
-            c = fast.CudaFast(self, vars(self))
-            self.start, self.stop = c.start, c.stop  # type: ignore[method-assign]
+            runtime = _runtime_entry_points(self._runtime_failed) if self.hot_runtime_calls else None
+            self._c = fast.CudaFast(self, vars(self), runtime)
+            self.start, self.stop = self._c.start, self._c.stop  # type: ignore[method-assign]
+
+    #: With the C hot path, the phase end's capture check and event record call the CUDA runtime
+    #: directly, keeping the GIL (``sgl_probe._hot.CudaFast``); benchmarks switch it off (on the
+    #: class, before the timer is made) to measure what that saves.
+    hot_runtime_calls = True
+    _c: Any = None
+
+    @property
+    def hot_calls(self) -> str:
+        """What the phase end's capture check and record go through: ``cuda_runtime`` or ``torch``."""
+        return "cuda_runtime" if self._c is not None and self._c.runtime else "torch"
+
+    @staticmethod
+    def _runtime_failed(what: str) -> None:
+        log.warning("sgl-probe: %s through the CUDA runtime failed; the hot path uses torch's calls from now on",
+                    what)
 
     # -- hot side ---------------------------------------------------------------------------
     def _lookup_stream(self) -> Tuple[Any, int]:

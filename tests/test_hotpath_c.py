@@ -333,11 +333,18 @@ def test_no_memory_is_kept_per_call(hot):
     assert grown < 20000, f"{grown} bytes kept over 20,000 steps"
 
 
-def test_the_c_timer_start_and_stop_match_the_python_ones(hot):
+def test_the_c_timer_start_and_stop_match_the_python_ones(hot, monkeypatch):
     ends = []
-    for fast in (None, hot):
+    for fast, runtime in ((None, False), (hot, False), (hot, True)):
         ft = _FakeTorch()
+        if runtime:
+            from sgl_probe import timing
+
+            rt = _FakeRuntime(ft)
+            monkeypatch.setattr(timing, "_runtime_entry_points", lambda on_fail: rt.addresses + (on_fail,))
         timer = CudaTimer(ft, fast)
+        _STREAMS[:] = list(timer._streams.values())
+        assert timer.hot_calls == ("cuda_runtime" if runtime else "torch")
         timer.relax_capture_mode = False
         assert timer.fast_stream
         assert (type(timer.start).__name__ == "builtin_function_or_method") == (fast is not None)
@@ -354,7 +361,7 @@ def test_the_c_timer_start_and_stop_match_the_python_ones(hot):
             if end is not None and i % 2:
                 timer.release(tok, end)
         ends.append((seen, len(ft.records), sorted(timer._anchors)))
-    assert ends[0] == ends[1]
+    assert ends[0] == ends[1] == ends[2]
 
 
 def test_sgl_probe_hotpath_picks_and_a_bad_value_names_the_variable(hot, caplog):
@@ -381,3 +388,95 @@ def test_the_function_a_c_wrapper_calls_can_be_layered_as_a_closure_cell_can(hot
     assert fwd("w", b) == "sglang" and seen == [("w", b)]
     with pytest.raises(TypeError):
         fwd.sgl_probe_original = 3
+
+
+class _FakeRuntime:
+    """libcudart's cudaEventRecord / cudaStreamIsCapturing / cudaGetLastError as real C function
+    pointers (ctypes callbacks) over a stand-in torch, for the C timer's direct runtime calls."""
+
+    def __init__(self, ft, fail_record: int = 0, fail_capture: int = 0) -> None:
+        import ctypes
+
+        self.ft, self.calls, self.cleared = ft, [], 0
+        self.fail_record, self.fail_capture = fail_record, fail_capture
+        ft.cuda.Stream.cuda_stream = property(lambda s: 0x1000 + s.key[0])
+
+        def record(ev, stream):
+            self.calls.append(("record", ev, stream))
+            if self.fail_record:
+                return self.fail_record
+            (st,) = [s for s in timer_streams(ft) if s.cuda_stream == stream]
+            ft._record(ft.handles[ev], st)
+            return 0
+
+        def capturing(stream, status):
+            self.calls.append(("capturing", stream))
+            status[0] = 1 if ft.capturing else 0
+            return self.fail_capture
+
+        def last_error():
+            self.cleared += 1
+            return 0
+
+        self._fns = (ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(record),
+                     ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(capturing),
+                     ctypes.CFUNCTYPE(ctypes.c_int)(last_error))
+        self.addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._fns)
+
+
+_STREAMS: list = []
+
+
+def timer_streams(ft):
+    return _STREAMS
+
+
+def _runtime_timer(hot, monkeypatch, **fail):
+    from sgl_probe import timing
+
+    ft = _FakeTorch()
+    rt = _FakeRuntime(ft, **fail)
+    monkeypatch.setattr(timing, "_runtime_entry_points", lambda on_fail: rt.addresses + (on_fail,))
+    timer = CudaTimer(ft, hot)
+    timer.relax_capture_mode = False
+    _STREAMS[:] = list(timer._streams.values())
+    return ft, rt, timer
+
+
+def test_the_c_timer_records_through_the_runtime_with_the_same_results(hot, monkeypatch):
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    assert timer.hot_calls == "cuda_runtime"
+    tok = timer.start(10**12)  # takes the anchor (an idle stream), through torch as in Python
+    torch_records = []
+    record = timer._record
+    timer._record = lambda ev, st: torch_records.append(ev) or record(ev, st)
+    end = timer.stop(tok, 10**12 + 500)  # the pool is empty: a new event; it has a handle here too
+    assert [c[0] for c in rt.calls] == ["capturing", "record"] and torch_records == []
+    assert rt.calls[1][1] == end[0].cuda_event and rt.calls[1][2] == 0x1000 + ft.current[0]
+    assert ft.records[-1] == (end[0], ft.current)
+    ft.capturing = True
+    assert timer.stop(timer.start(10**12 + 10**6), 10**12 + 10**6 + 5) is None
+    assert rt.calls[-1][0] == "capturing" and len(ft.records) == 2  # the anchor and one end
+    ft.capturing = False
+    # An event torch never created (no handle yet): torch records it, which creates it.
+    fresh = ft.cuda.Event(enable_timing=True)
+    fresh.cuda_event = 0
+    timer._pool.append(fresh)
+    end2 = timer.stop(timer.start(10**12 + 2 * 10**6), 10**12 + 2 * 10**6 + 5)
+    assert end2[0] is fresh and torch_records == [fresh] and rt.cleared == 0
+
+
+def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monkeypatch, caplog):
+    for fail in ({"fail_record": 400}, {"fail_capture": 900}):
+        ft, rt, timer = _runtime_timer(hot, monkeypatch, **fail)
+        with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+            caplog.clear()
+            ends = [timer.stop(timer.start(10**12 + i * 10**6), 10**12 + i * 10**6 + 5) for i in range(3)]
+        assert all(e is not None for e in ends) and timer.hot_calls == "torch"
+        assert rt.cleared == 1  # the runtime's last error cleared: torch's own checks must not see it
+        assert len(ft.records) == 1 + 3  # the anchor, and every end recorded (by torch after the failure)
+        (line,) = [r.getMessage() for r in caplog.records]
+        what = "cudaEventRecord" if "fail_record" in fail else "cudaStreamIsCapturing"
+        assert line == f"sgl-probe: {what} through the CUDA runtime failed; the hot path uses torch's calls " \
+                       "from now on"
+        assert len([c for c in rt.calls if c[0] == "record"]) == (1 if "fail_record" in fail else 0)

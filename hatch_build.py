@@ -25,6 +25,8 @@ def compile_command(src: Path, out: Path) -> list[str]:
     cmd = cc + ["-shared", "-fPIC", "-O2", "-I", sysconfig.get_paths()["include"], str(src), "-o", str(out)]
     if sys.platform == "darwin":
         cmd[len(cc):len(cc)] = ["-undefined", "dynamic_lookup"]
+    else:
+        cmd.append("-lm")
     return cmd
 
 

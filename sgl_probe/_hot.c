@@ -17,11 +17,14 @@ hook switched off); a BaseException that is not an Exception propagates, as in P
 #include <Python.h>
 #include <structmember.h>
 #include <stddef.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
 static PyObject *s__capturing, *s__stream_key, *s__streams, *s__pool, *s__record, *s__anchors;
-static PyObject *s_cuda_stream, *s_cuda_event;
+static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__returned, *s__offset,
+    *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda;
+static PyObject *int_zero;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
     *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_last_end,
@@ -1339,6 +1342,417 @@ done:
     return end;
 }
 
+/* ---- the drain's side of the CUDA timer (drain.take_ready's loop: resolve_row, interval_kind,
+   release) -------------------------------------------------------------------------------------- */
+
+typedef int (*elapsed_time_fn)(float *ms, void *start, void *end);
+
+/* What one take() call reads once. */
+typedef struct {
+    PyObject *elapsed;       /* (a, b) -> ms: the thread's reader (CudaTimer._prepared.elapsed or torch's) */
+    elapsed_time_fn direct;  /* cudaEventElapsedTime, once the runtime's answers were checked; or NULL */
+    int keep_gil;
+    PyObject *gpu_event, *host_clock, *error_text;
+    long long offset, tolerance;
+} TakeCtx;
+
+static int
+as_ll(PyObject *v, long long *out)
+{
+    *out = PyLong_AsLongLong(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Python's a // b for b > 0. */
+static long long
+floordiv(long long a, long long b)
+{
+    long long q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+/* round(elapsed(a, b) * 1e6): the GPU time from a to b in ns. */
+static int
+elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
+{
+    double ms;
+    if (c->direct != NULL) {
+        void *ha, *hb;
+        if (handle_of(a, s_cuda_event, &ha) < 0 || handle_of(b, s_cuda_event, &hb) < 0)
+            return -1;
+        float fms = 0.0f;
+        int err;
+        if (c->keep_gil) {
+            err = c->direct(&fms, ha, hb);
+        }
+        else {
+            Py_BEGIN_ALLOW_THREADS err = c->direct(&fms, ha, hb);
+            Py_END_ALLOW_THREADS
+        }
+        if (err != 0)
+            goto python; /* the Python reader answers (and gives the runtime up, with its log line) */
+        ms = (double)fms;
+    }
+    else {
+    python:;
+        PyObject *call[2] = {a, b};
+        PyObject *r = PyObject_Vectorcall(c->elapsed, call, 2, NULL);
+        if (r == NULL)
+            return -1;
+        ms = PyFloat_AsDouble(r);
+        Py_DECREF(r);
+        if (ms == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    *out = (long long)nearbyint(ms * 1e6); /* round half to even, as round() */
+    return 0;
+}
+
+/* CudaTimer.interval_kind(start, end) -> (t0, t1, kind) as C values; updates the timer's chain and,
+   for an anchor caught mapping early, _bad_anchor and _anchor_due. */
+static int
+interval_kind(CudaFastObject *f, TakeCtx *c, PyObject *start, PyObject *end, long long *t0_out, long long *t1_out,
+              PyObject **kind_out)
+{
+    if (!PyTuple_Check(end) || PyTuple_GET_SIZE(end) != 4 || !PyTuple_Check(start) || PyTuple_GET_SIZE(start) < 2) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: not a CUDA timer token");
+        return -1;
+    }
+    PyObject *end_ev = PyTuple_GET_ITEM(end, 0), *stream = PyTuple_GET_ITEM(end, 1);
+    PyObject *anchor = PyTuple_GET_ITEM(end, 3);
+    if (!PyTuple_Check(anchor) || PyTuple_GET_SIZE(anchor) != 2) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: not an anchor");
+        return -1;
+    }
+    PyObject *anchor_ev = PyTuple_GET_ITEM(anchor, 0);
+    long long end_host, anchor_host, start_host, d;
+    if (as_ll(PyTuple_GET_ITEM(end, 2), &end_host) < 0 || as_ll(PyTuple_GET_ITEM(anchor, 1), &anchor_host) < 0 ||
+        as_ll(PyTuple_GET_ITEM(start, 0), &start_host) < 0)
+        return -1;
+    long long t1 = anchor_host + c->offset;
+    if (anchor_ev != end_ev) {
+        if (elapsed_ns(c, anchor_ev, end_ev, &d) < 0)
+            return -1;
+        t1 += d;
+    }
+    long long floor = end_host + c->offset;
+    if (t1 < floor) {
+        if (t1 < floor - c->tolerance) {
+            PyObject *bad = state_get(f, s__bad_anchor);
+            if (bad == NULL)
+                return -1;
+            if (bad != anchor_ev &&
+                (PyDict_SetItem(f->state, s__bad_anchor, anchor_ev) < 0 ||
+                 PyDict_SetItem(f->state, s_anchor_due, int_zero) < 0))
+                return -1;
+        }
+        t1 = floor;
+    }
+    long long t0 = start_host + c->offset;
+    PyObject *kind = c->host_clock;
+    Py_ssize_t n = PyTuple_GET_SIZE(start);
+    if (n > 2 && PyTuple_GET_ITEM(start, 2) != Py_None) { /* record_starts: the phase's own start event */
+        if (elapsed_ns(c, anchor_ev, PyTuple_GET_ITEM(start, 2), &d) < 0)
+            return -1;
+        t0 = anchor_host + c->offset + d;
+        kind = c->gpu_event;
+    }
+    else {
+        PyObject *chain = state_get(f, s__chain);
+        if (chain == NULL)
+            return -1;
+        PyObject *last = PyTuple_GET_ITEM(start, 1);
+        if (last != Py_None && PyTuple_Check(chain) && PyTuple_GET_SIZE(chain) == 2 &&
+            last == PyTuple_GET_ITEM(chain, 0) && PyTuple_Check(last) && PyTuple_GET_SIZE(last) >= 2) {
+            long long chain_t;
+            if (as_ll(PyTuple_GET_ITEM(chain, 1), &chain_t) < 0)
+                return -1;
+            PyObject *last_stream = PyTuple_GET_ITEM(last, 1);
+            int same = last_stream == stream;
+            if (!same && (same = PyObject_RichCompareBool(last_stream, stream, Py_EQ)) < 0)
+                return -1;
+            if (same && (chain_t > t0 || (n > 2 && chain_t > t0 - floordiv(start_host - anchor_host, 50000) -
+                                                                 c->tolerance))) {
+                t0 = chain_t;
+                kind = c->gpu_event;
+            }
+        }
+    }
+    if (t1 < t0)
+        t1 = t0;
+    PyObject *t1_obj = PyLong_FromLongLong(t1);
+    PyObject *chain = t1_obj == NULL ? NULL : PyTuple_Pack(2, end, t1_obj);
+    Py_XDECREF(t1_obj);
+    if (chain == NULL)
+        return -1;
+    int rc = PyDict_SetItem(f->state, s__chain, chain);
+    Py_DECREF(chain);
+    if (rc < 0)
+        return -1;
+    *t0_out = t0;
+    *t1_out = t1;
+    *kind_out = kind;
+    return 0;
+}
+
+/* None, or error_text(error). */
+static PyObject *
+error_or_none(TakeCtx *c, PyObject *error)
+{
+    if (error == Py_None)
+        return Py_NewRef(Py_None);
+    return PyObject_CallOneArg(c->error_text, error);
+}
+
+/* (a - b) / 1e6 for two host-clock ints. */
+static PyObject *
+ms_between(PyObject *a, PyObject *b)
+{
+    long long x, y;
+    if (as_ll(a, &x) < 0 || as_ll(b, &y) < 0)
+        return NULL;
+    return PyFloat_FromDouble((double)(x - y) / 1e6);
+}
+
+/* drain.resolve_row(st, timer) for this timer. */
+static PyObject *
+resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
+{
+    PyObject *phases = PyList_New(0), *row = NULL;
+    if (phases == NULL)
+        return NULL;
+    long long lo = 0, hi = 0;
+    int any = 0;
+    Py_ssize_t n = PyList_GET_SIZE(st->phases);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PhaseRecordObject *ph = (PhaseRecordObject *)PyList_GET_ITEM(st->phases, i);
+        if (Py_TYPE(ph) != &PhaseRecordType) {
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: not a C phase record");
+            goto fail;
+        }
+        if (ph->t_end == Py_None)
+            continue;
+        long long t0, t1;
+        PyObject *kind;
+        if (interval_kind(f, c, ph->t_start, ph->t_end, &t0, &t1, &kind) < 0)
+            goto fail;
+        if (!any || t0 < lo)
+            lo = t0;
+        if (!any || t1 > hi)
+            hi = t1;
+        any = 1;
+        int graph = PyObject_IsTrue(ph->graph != Py_None ? ph->graph : ph->graph_hook);
+        if (graph < 0)
+            goto fail;
+        PyObject *graph_ms;
+        long long launch;
+        if (as_ll(ph->launch_ns, &launch) < 0)
+            goto fail;
+        if (launch) {
+            /* The GPU may still have been busy with earlier work when the graph was launched: then
+               the graph's time starts where the phase's does. */
+            launch += c->offset;
+            double g = (double)(t1 - (launch > t0 ? launch : t0)) / 1e6;
+            graph_ms = PyFloat_FromDouble(g < 0 ? 0.0 : g);
+        }
+        else {
+            graph_ms = Py_NewRef(Py_None);
+        }
+        PyObject *o_t0 = PyLong_FromLongLong(t0), *o_t1 = PyLong_FromLongLong(t1);
+        PyObject *host_ms = ms_between(ph->host1, ph->host0);
+        PyObject *err = error_or_none(c, ph->error);
+        PyObject *item = NULL;
+        if (graph_ms && o_t0 && o_t1 && host_ms && err)
+            item = PyTuple_Pack(14, ph->phase, o_t0, o_t1, graph ? Py_True : Py_False, ph->mode, ph->batch_size,
+                                ph->num_tokens, host_ms, ph->target, ph->accept_length, kind,
+                                graph ? Py_None : ph->no_graph_reason, err, graph_ms);
+        Py_XDECREF(graph_ms);
+        Py_XDECREF(o_t0);
+        Py_XDECREF(o_t1);
+        Py_XDECREF(host_ms);
+        Py_XDECREF(err);
+        if (item == NULL || PyList_Append(phases, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    long long h0, h1;
+    if (as_ll(st->host0, &h0) < 0 || as_ll(st->host1, &h1) < 0)
+        goto fail;
+    long long w0 = h0 + c->offset, w1 = h1 + c->offset;
+    if (any && lo < w0)
+        w0 = lo;
+    if (any && hi > w1)
+        w1 = hi;
+    PyObject *o_w0 = PyLong_FromLongLong(w0), *o_w1 = PyLong_FromLongLong(w1);
+    PyObject *step_ms = ms_between(st->host1, st->host0);
+    PyObject *tuple = PyList_AsTuple(phases);
+    PyObject *err = error_or_none(c, st->error);
+    if (o_w0 && o_w1 && step_ms && tuple && err)
+        row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms, s_cuda,
+                           tuple, err);
+    Py_XDECREF(o_w0);
+    Py_XDECREF(o_w1);
+    Py_XDECREF(step_ms);
+    Py_XDECREF(tuple);
+    Py_XDECREF(err);
+fail:
+    Py_DECREF(phases);
+    return row;
+}
+
+/* CudaTimer.release for every phase of a step: its events back to the pool (through _returned). */
+static int
+release_step(CudaFastObject *f, StepRecordObject *st)
+{
+    PyObject *returned = state_need(f, s__returned);
+    if (returned == NULL)
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(st->phases);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ph = PyList_GET_ITEM(st->phases, i);
+        PyObject *start = PyObject_GetAttr(ph, s_t_start);
+        PyObject *end = start == NULL ? NULL : PyObject_GetAttr(ph, s_t_end);
+        int rc = end == NULL ? -1 : 0;
+        if (rc == 0 && PyTuple_Check(start) && PyTuple_GET_SIZE(start) > 2 && PyTuple_GET_ITEM(start, 2) != Py_None) {
+            PyObject *r = PyObject_CallMethodOneArg(returned, s_append, PyTuple_GET_ITEM(start, 2));
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        if (rc == 0 && PyTuple_Check(end) && PyTuple_GET_SIZE(end) == 4) {
+            PyObject *anchor = PyTuple_GET_ITEM(end, 3);
+            if (!PyTuple_Check(anchor) || PyTuple_GET_SIZE(anchor) < 1 ||
+                PyTuple_GET_ITEM(end, 0) != PyTuple_GET_ITEM(anchor, 0)) {
+                PyObject *r = PyObject_CallMethodOneArg(returned, s_append, PyTuple_GET_ITEM(end, 0));
+                rc = r == NULL ? -1 : 0;
+                Py_XDECREF(r);
+            }
+        }
+        Py_XDECREF(start);
+        Py_XDECREF(end);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The TakeCtx of a call's arguments (elapsed, elapsed_address, keep_gil, kinds[, error_text]). */
+static int
+take_ctx(CudaFastObject *f, TakeCtx *c, PyObject *const *args, PyObject *error_text)
+{
+    void *direct = PyLong_AsVoidPtr(args[1]);
+    int keep_gil = PyObject_IsTrue(args[2]);
+    if (PyErr_Occurred() || keep_gil < 0)
+        return -1;
+    PyObject *kinds = args[3];
+    if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 2) {
+        PyErr_SetString(PyExc_TypeError, "kinds: (gpu_event, host_clock)");
+        return -1;
+    }
+    c->elapsed = args[0];
+    c->direct = (elapsed_time_fn)direct;
+    c->keep_gil = keep_gil;
+    c->gpu_event = PyTuple_GET_ITEM(kinds, 0);
+    c->host_clock = PyTuple_GET_ITEM(kinds, 1);
+    c->error_text = error_text;
+    PyObject *v = state_need(f, s__offset);
+    if (v == NULL || as_ll(v, &c->offset) < 0)
+        return -1;
+    v = PyObject_GetAttr(f->timer, s__ANCHOR_TOLERANCE_NS);
+    int bad = v == NULL || as_ll(v, &c->tolerance) < 0;
+    Py_XDECREF(v);
+    return bad ? -1 : 0;
+}
+
+/* interval(start, end, elapsed, elapsed_address, keep_gil, kinds) -> (t0, t1, kind):
+   CudaTimer.interval_kind. */
+static PyObject *
+fast_interval(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "interval(start, end, elapsed, elapsed_address, keep_gil, kinds)");
+        return NULL;
+    }
+    TakeCtx c;
+    long long t0, t1;
+    PyObject *kind;
+    if (take_ctx(f, &c, args + 2, Py_None) < 0 || interval_kind(f, &c, args[0], args[1], &t0, &t1, &kind) < 0)
+        return NULL;
+    return Py_BuildValue("LLO", t0, t1, kind);
+}
+
+/* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop): drain.take_ready's
+   loop for this timer. Pops n steps off ``steps``, appends each one's row to ``out`` and releases
+   its events; a step that cannot be resolved goes to on_drop(step, exc) instead (its events
+   released all the same). */
+static PyObject *
+fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop)");
+        return NULL;
+    }
+    PyObject *steps = args[0], *out = args[2], *on_drop = args[8];
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "take: out is a list");
+        return NULL;
+    }
+    TakeCtx c;
+    if (take_ctx(f, &c, args + 3, args[7]) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyObject_CallMethodNoArgs(steps, s_popleft);
+        if (st == NULL)
+            return NULL;
+        if (Py_TYPE(st) != &StepRecordType) {
+            /* Not one the C wrappers made (a Python-path step): the caller resolves it. */
+            PyObject *r = PyObject_CallMethodOneArg(steps, s_appendleft, st);
+            Py_DECREF(st);
+            if (r == NULL)
+                return NULL;
+            Py_DECREF(r);
+            return PyLong_FromSsize_t(i);
+        }
+        PyObject *row = resolve_row(f, &c, (StepRecordObject *)st);
+        int rc = 0;
+        if (row != NULL) {
+            rc = PyList_Append(out, row);
+            Py_DECREF(row);
+        }
+        else if (PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *r = PyObject_CallFunctionObjArgs(on_drop, st, value ? value : Py_None, NULL);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        else { /* a BaseException: released all the same (Python's ``finally``), then raised */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            if (release_step(f, (StepRecordObject *)st) < 0)
+                PyErr_Clear();
+            PyErr_Restore(type, value, tb);
+            Py_DECREF(st);
+            return NULL;
+        }
+        if (release_step(f, (StepRecordObject *)st) < 0)
+            rc = -1;
+        Py_DECREF(st);
+        if (rc < 0)
+            return NULL;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
 static PyObject *
 fast_runtime_get(CudaFastObject *f, void *closure)
 {
@@ -1353,6 +1767,8 @@ static PyGetSetDef fast_getset[] = {
 static PyMethodDef fast_methods[] = {
     {"start", (PyCFunction)(void (*)(void))fast_start, METH_FASTCALL, "CudaTimer.start(now_ns) -> token"},
     {"stop", (PyCFunction)(void (*)(void))fast_stop, METH_FASTCALL, "CudaTimer.stop(token, now_ns) -> end | None"},
+    {"take", (PyCFunction)(void (*)(void))fast_take, METH_FASTCALL, "drain.take_ready's loop for this timer"},
+    {"interval", (PyCFunction)(void (*)(void))fast_interval, METH_FASTCALL, "CudaTimer.interval_kind"},
     {NULL},
 };
 
@@ -1425,6 +1841,16 @@ PyInit__hot(void)
     INTERN(s_forward_mode, "forward_mode");
     INTERN(s_cuda_stream, "cuda_stream");
     INTERN(s_cuda_event, "cuda_event");
+    INTERN(s__bad_anchor, "_bad_anchor");
+    INTERN(s__chain, "_chain");
+    INTERN(s__returned, "_returned");
+    INTERN(s__offset, "_offset");
+    INTERN(s__ANCHOR_TOLERANCE_NS, "_ANCHOR_TOLERANCE_NS");
+    INTERN(s_popleft, "popleft");
+    INTERN(s_appendleft, "appendleft");
+    INTERN(s_t_start, "t_start");
+    INTERN(s_t_end, "t_end");
+    INTERN(s_cuda, "cuda");
     INTERN(s_seq_lens, "seq_lens");
     INTERN(s_shape, "shape");
     INTERN(s_step, "step");
@@ -1458,7 +1884,7 @@ PyInit__hot(void)
     INTERN(s_pop, "_pop");
     INTERN(s_first_anchor, "_first_anchor");
     INTERN(s_append, "append");
-    if ((int_one = PyLong_FromLong(1)) == NULL || (int_minus_one = PyLong_FromLong(-1)) == NULL)
+    if ((int_zero = PyLong_FromLong(0)) == NULL || (int_one = PyLong_FromLong(1)) == NULL || (int_minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;
     PyObject *time_mod = PyImport_ImportModule("time");
     if (time_mod == NULL)

@@ -126,6 +126,10 @@ def _timers_done(steps: collections.deque, n: int, timer: Any) -> int:
     return n if k == len(ends) else owner[k]
 
 
+def _drop(st: StepRecord, exc: BaseException) -> None:
+    log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
+
+
 def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list) -> int:
     """Move up to ``limit`` steps off the front of ``steps`` into ``out`` as rows, stopping at
     the first one not :func:`step_ready` (``final``: take them all). Every step taken has its
@@ -151,12 +155,15 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
                     break
             if n == i:
                 break
-    for _ in range(n):
+    take = getattr(timer, "take_rows", None)
+    # The C drain (sgl_probe._hot) first: the same loop, for the steps the C wrappers recorded.
+    taken = take(steps, n, out, error_text, _drop) if take is not None else 0
+    for _ in range(n - taken):
         st = steps.popleft()
         try:
             out.append(resolve_row(st, timer))
         except Exception as exc:
-            log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
+            _drop(st, exc)
         finally:
             if not host:
                 release_step(st, timer)

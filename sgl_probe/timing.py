@@ -158,6 +158,8 @@ def runtime_elapsed(cudart: Any, refused: Any, keep_gil: bool = False) -> Any:
 
     elapsed.entry = fn  # type: ignore[attr-defined]  # what is called (tests look at its flags)
     elapsed.library = library  # type: ignore[attr-defined]  # keeps the library's function alive
+    # Where the C drain (CudaTimer.take_rows) calls the same function itself.
+    elapsed.address = ctypes.cast(library, ctypes.c_void_p).value  # type: ignore[attr-defined]
     return elapsed
 
 
@@ -495,9 +497,14 @@ class CudaTimer:
     def interval_kind(self, start: Any, end: Any) -> Tuple[int, int, str]:
         """Drain side, phases in record order: ``(t0, t1, start kind)`` in wall-clock ns (see the
         class doc). The end maps through its anchor; the start is the entry, or the previous
-        phase's mapped end on the same stream where that is later."""
+        phase's mapped end on the same stream where that is later. With the C hot path, the same
+        arithmetic in C (``sgl_probe._hot.CudaFast.interval``, what the C drain runs)."""
+        elapsed = getattr(self._prepared, "elapsed", None)
+        if self._c is not None:
+            return self._c.interval(start, end, elapsed or self._elapsed, getattr(elapsed, "address", 0) or 0,
+                                    self.elapsed_keeps_gil, START_VALUES)
+        elapsed = elapsed or self._elapsed
         end_ev, stream, end_host, (anchor_ev, anchor_host) = end
-        elapsed = getattr(self._prepared, "elapsed", None) or self._elapsed
         offset = self._offset
         t1 = anchor_host + offset
         if anchor_ev is not end_ev:
@@ -537,6 +544,20 @@ class CudaTimer:
 
     def interval(self, start: Any, end: Any) -> Tuple[int, int]:
         return self.interval_kind(start, end)[:2]
+
+    def take_rows(self, steps: Any, n: int, out: list, error_text: Any, on_drop: Any) -> int:
+        """With the C hot path: ``drain.take_ready``'s loop over the first ``n`` of ``steps`` (pop,
+        resolve into ``out`` with :meth:`interval_kind`'s arithmetic, release), in C, the elapsed
+        times read by the runtime's ``cudaEventElapsedTime`` itself once this thread's checks
+        passed (:meth:`checked_elapsed`). Returns how many it took: it stops at a step the Python
+        wrappers made, and takes none on a thread not prepared yet (the Python loop does both)."""
+        state = self._prepared
+        if self._c is None or not getattr(state, "done", False):
+            return 0
+        elapsed = getattr(state, "elapsed", None)
+        address = getattr(elapsed, "address", 0) if elapsed is not None else 0
+        return self._c.take(steps, n, out, elapsed or self._elapsed, address or 0, self.elapsed_keeps_gil,
+                            START_VALUES, error_text, on_drop)
 
     def wall(self, host_ns: int) -> int:
         return host_ns + self._offset

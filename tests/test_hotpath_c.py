@@ -480,3 +480,110 @@ def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monk
         assert line == f"sgl-probe: {what} through the CUDA runtime failed; the hot path uses torch's calls " \
                        "from now on"
         assert len([c for c in rt.calls if c[0] == "record"]) == (1 if "fail_record" in fail else 0)
+
+
+def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool) -> tuple:
+    """Steps recorded by the C wrappers with the CUDA timer over a stand-in GPU (idle at some
+    calls, behind at others, a launched graph, a raising phase, a verify), then drained by
+    ``drain.take_ready``: in C (``CudaTimer.take_rows``) or by its Python loop; the elapsed times
+    read by torch's reader or, once checked, the runtime's function itself."""
+    from sgl_probe import drain
+    from tests.test_gpu_free_parts import _FakeCudart
+
+    from sgl_probe import timing
+
+    clock = iter(range(10**12, 10**13, 2_000_000))  # 2 ms between two clock reads: anchors fall due
+    monkeypatch.setattr(recorder, "perf_counter_ns", lambda: next(clock))
+    monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)  # the same wall-clock offset every time
+    monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+    ft = _FakeTorch()
+    rec = Recorder("cuda", 10_000, LOG, "c")
+    timer = rec.timer = CudaTimer(ft, hot)
+    timer.relax_capture_mode = False
+    state = timer._prepared  # as _prepare_thread leaves the drain thread
+    state.exchange, state.elapsed, state.done = None, None, True
+    rt = None
+    if runtime:
+        rt = _FakeCudart(ft)
+        state.elapsed = timer.checked_elapsed(rt)
+    if not c_take:
+        monkeypatch.setattr(timer, "take_rows", lambda *a: 0)
+    launch = rec.launch_method(Hook(_target(role="graph_launch")), lambda g: None)
+
+    def body(worker, batch, i=0, raise_=False):
+        if i % 3:
+            ft.queued_ms = max(ft.queued_ms, ft.gpu_ms) + 15.0  # the GPU still behind at the next call
+        else:
+            ft.gpu_ms = ft.queued_ms  # caught up: the next phase starts at its call
+        if i % 4 == 1:
+            launch("graph")
+        ft.queued_ms += 0.5
+        if raise_:
+            raise KeyError("sglang")
+        return NS(can_run_cuda_graph=bool(i % 2))
+
+    starts = []
+    start = timer.start
+    timer.start = lambda now: starts.append(start(now)) or starts[-1]
+    fwd = rec.phase_method(Hook(FORWARD), body)
+    verify = rec.phase_method(Hook(VERIFY_V2), body)
+    step = rec.step_method(Hook(STEP), lambda s, b, call: call())
+    b = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
+    worker = NS(model_runner=NS(server_args=NS(disable_cuda_graph=False)))
+    for i in range(60):
+        try:
+            if i % 10 == 7:
+                step(None, b, lambda: (fwd(worker, b, i), verify(worker, b, i + 1)))
+            else:
+                step(None, b, lambda: fwd(worker, b, i, raise_=i == 23))
+        except KeyError:
+            pass
+    for ph in rec.awaiting_accept:
+        ph.accept_length = 2.0
+    ft.gpu_ms = ft.queued_ms + 10  # everything done
+    rows: list = []
+    taken = drain.take_ready(rec.steps, timer, 10**13, False, 25, rows)  # two chunks, as the drain does
+    taken += drain.take_ready(rec.steps, timer, 10**13, False, 1000, rows)
+    busy_due = sum(len(t) > 2 for t in starts)
+    return rows, taken, len(timer._returned), timer._chain[1], timer.elapsed_source, rt and rt.calls, busy_due
+
+
+def test_the_c_drain_resolves_the_same_rows_as_the_python_loop(hot, monkeypatch):
+    for runtime in (False, True):
+        want = _drained_rows(hot, monkeypatch, c_take=False, runtime=runtime)
+        got = _drained_rows(hot, monkeypatch, c_take=True, runtime=runtime)
+        assert got[:5] == want[:5]
+        rows = got[0]
+        assert len(rows) == got[1] == 60
+        assert got[6] > 0  # starts made with a due anchor and a busy stream (their own branch)
+        kinds = {ph[10] for row in rows for ph in row[8]}
+        assert kinds == {"gpu_event", "host_clock"}
+        assert any(ph[13] is not None for row in rows for ph in row[8])  # graph_ms from a launch
+        assert any(ph[12] for row in rows for ph in row[8])  # the raising phase's error text
+        assert got[4] == ("cuda_runtime" if runtime else "torch")
+        if runtime:  # the checks through both readers, then the runtime's function alone, called from C
+            assert got[5] == want[5] and got[5] > 16
+
+
+def test_the_c_drain_leaves_python_made_records_to_the_python_loop(hot, monkeypatch):
+    from sgl_probe import drain
+
+    ft = _FakeTorch()
+    timer = CudaTimer(ft, hot)
+    timer.relax_capture_mode = False
+    state = timer._prepared
+    state.exchange, state.elapsed, state.done = None, None, True
+    import collections
+
+    steps = collections.deque()
+    for i in range(3):
+        tok = timer.start(10**12 + i * 10**6)
+        st = recorder.StepRecord(i, ("step", "DECODE", 1, 1), 10**12 + i * 10**6)
+        ph = recorder.PhaseRecord(("decode", "DECODE", 1, 1), "t", 10**12 + i * 10**6, tok)
+        ph.t_end = timer.stop(tok, 10**12 + i * 10**6 + 10)
+        st.phases.append(ph)
+        steps.append(st)
+    ft.gpu_ms = 100.0
+    rows: list = []
+    assert timer.take_rows(steps, 3, rows, drain.error_text, drain._drop) == 0 and len(steps) == 3
+    assert drain.take_ready(steps, timer, 10**13, False, 10, rows) == 3 and [r[0] for r in rows] == [0, 1, 2]

@@ -296,3 +296,50 @@ def test_with_a_due_anchor_and_a_busy_stream_the_query_decides_not_the_anchor():
     assert t4[2:] == (None,)
     ft.gpu_ms = later + 70.0
     assert timer.interval_kind(t4, e4) == (timer.wall(host(later + 66.0)), timer.wall(host(later + 67.0)), HOST_CLOCK)
+
+
+def _tokens(ft, timer, anchor_host: int, end_ms: float, end_host: int):
+    """An anchor at ``anchor_host`` (GPU time 0) and an end token whose event the GPU passed
+    ``end_ms`` after it, recorded on the host at ``end_host``."""
+    anchor_ev, end_ev = ft.cuda.Event(enable_timing=True), ft.cuda.Event(enable_timing=True)
+    anchor_ev.t, end_ev.t = 0.0, end_ms
+    stream = next(iter(timer._streams.values()))
+    return stream, (end_ev, stream, end_host, (anchor_ev, anchor_host))
+
+
+def test_an_end_mapping_early_within_the_tolerance_is_clamped_beyond_it_distrusts_the_anchor():
+    ft, timer = _timer()
+    off, tol = timer._offset, timer._ANCHOR_TOLERANCE_NS
+    timer._anchor_due = 777
+    _, end = _tokens(ft, timer, 0, 1.0, 1_000_000 + tol // 2)  # maps tol/2 before its own record
+    t0, t1, _ = timer.interval_kind((0, None), end)
+    assert t1 == off + 1_000_000 + tol // 2 and timer._bad_anchor is None and timer._anchor_due == 777
+    _, end = _tokens(ft, timer, 0, 1.0, 1_000_000 + tol + 1)
+    t0, t1, _ = timer.interval_kind((0, None), end)
+    assert t1 == off + 1_000_000 + tol + 1 and timer._bad_anchor is end[3][0] and timer._anchor_due == 0
+
+
+def test_a_due_anchors_drift_allowance_and_the_end_never_before_the_start():
+    ft, timer = _timer()
+    off, tol = timer._offset, timer._ANCHOR_TOLERANCE_NS
+
+    def start_after(prev_mapped: int, start_host: int, anchor_host: int, busy_due: bool = True):
+        stream, prev = _tokens(ft, timer, anchor_host, 0.0, 0)
+        timer._chain = (prev, prev_mapped)
+        _, end = _tokens(ft, timer, anchor_host, 0.0, 0)
+        end = (end[0], stream, end[2], end[3])
+        start = (start_host, prev, None) if busy_due else (start_host, prev)
+        return timer.interval_kind(start, end)
+
+    # A start 1 s after a due anchor (stream busy): the previous end counts if it mapped no earlier
+    # than the entry minus 20 ppm of the anchor's age (20 µs) minus the tolerance.
+    s = 10**9
+    assert start_after(off + s - 40_000 + 1, s, 0)[2] == GPU_EVENT
+    assert start_after(off + s - 40_000, s, 0)[2] == HOST_CLOCK
+    assert start_after(off + s - 1, s, 0, busy_due=False)[2] == HOST_CLOCK  # only a due anchor allows it
+    # An entry before the anchor (a negative age) floors as Python's // does: -70,001 // 50,000 == -2.
+    assert start_after(off + s - tol + 2 + 1, s, s + 70_001)[2] == GPU_EVENT
+    assert start_after(off + s - tol + 2, s, s + 70_001)[2] == HOST_CLOCK
+    # A previous end mapped after this end's own mapping: the end is put at the start, never before.
+    t0, t1, kind = start_after(off + 5 * s, s, 0, busy_due=False)
+    assert (t0, t1, kind) == (off + 5 * s, off + 5 * s, GPU_EVENT)

@@ -22,6 +22,7 @@ hook switched off); a BaseException that is not an Exception propagates, as in P
 #include <time.h>
 
 static PyObject *s__capturing, *s__stream_key, *s__streams, *s__pool, *s__record, *s__anchors;
+static PyObject *s_is_verify;
 static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__returned, *s__offset,
     *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda;
 static PyObject *int_zero;
@@ -433,16 +434,24 @@ getattr_maybe(PyObject *obj, PyObject *name)
 
 /* readers.step / readers.forward for what SGLang passes on every decode step: the batch first, a
    ForwardMode member the Python reader has already named (readers._MODE_NAMES), sequence lengths
-   with a ``shape``, no keywords; and for ``forward`` a mode whose phase is known (readers._PHASE_OF)
-   and is "decode" (or none). Fills out[4] with new references: 1. Anything else, 0 (no error
+   with a ``shape``; and for ``forward`` a mode whose phase is known (readers._PHASE_OF)
+   and is "decode" (or none); keywords other than is_verify. Fills out[4] with new references: 1. Anything else, 0 (no error
    set): the Python reader runs, as it did. -1: an error. */
 static int
 read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
 {
-    if (kwnames != NULL || nargs < 2 || args[1] == Py_None)
+    if (nargs < 2 || args[1] == Py_None)
         return 0;
-    if (h->fast_read == FAST_FORWARD && nargs > 4)
-        return 0; /* is_verify given: the Python reader decides */
+    if (h->fast_read == FAST_FORWARD) {
+        /* is_verify given (positionally or by name): the Python reader decides. Other keywords
+           (SGLang passes pp_proxy_tensors=) change nothing the reader reads. */
+        if (nargs > 4)
+            return 0;
+        Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < nk; i++)
+            if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), s_is_verify) == 0)
+                return 0;
+    }
     PyObject *batch = args[1];
     PyObject *fm = getattr_maybe(batch, s_forward_mode);
     if (fm == NULL)
@@ -1841,6 +1850,7 @@ PyInit__hot(void)
     INTERN(s_forward_mode, "forward_mode");
     INTERN(s_cuda_stream, "cuda_stream");
     INTERN(s_cuda_event, "cuda_event");
+    INTERN(s_is_verify, "is_verify");
     INTERN(s__bad_anchor, "_bad_anchor");
     INTERN(s__chain, "_chain");
     INTERN(s__returned, "_returned");

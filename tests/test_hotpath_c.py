@@ -74,7 +74,8 @@ def _scenario(rec: Recorder, monkeypatch) -> list:
                                      ("draft", DRAFT))}
     replay = rec.graph_method(Hook(_target(role="graph")), lambda obj: None)
 
-    def body(worker, batch, result=None, replay_graph=False, raise_=None, is_verify=False, **kw):
+    def body(worker, batch, result=None, replay_graph=False, raise_=None, is_verify=False, pp_proxy_tensors=None,
+             **kw):
         if replay_graph:
             replay(None)
         if raise_ is not None:
@@ -120,6 +121,8 @@ def _scenario(rec: Recorder, monkeypatch) -> list:
         (sdec, lambda: fwd(worker, sdec, is_verify=True)),  # is_verify, keyword
         (sdec, lambda: fwd(worker, sdec, raise_=KeyError("sglang"))),
         (sdec, lambda: fwd(worker, None, forward_batch=sdec)),  # a ForwardBatch handed over
+        (sdec, lambda: fwd(worker, sdec, pp_proxy_tensors=None)),  # as SGLang's scheduler calls it
+        (sdec, lambda: fwd(worker, sdec, pp_proxy_tensors=None, is_verify=False)),
     ]
     for batch, call in runs:
         try:
@@ -151,10 +154,10 @@ def test_the_same_calls_give_the_same_records_in_c_and_in_python(hot, monkeypatc
             got = _scenario(c, monkeypatch)
     assert got == want
     # The C readers took the shaped decode batches themselves; everything else went to Python's.
-    assert python_reads["python"] == {"step": 24, "forward": 21}
-    assert python_reads["c"] == {"step": 24 - 7, "forward": 21 - 4}
+    assert python_reads["python"] == {"step": 26, "forward": 23}
+    assert python_reads["c"] == {"step": 26 - 9, "forward": 23 - 6}
     steps, _ = want
-    assert len(steps) == 21 and sum(len(p) for _, p in steps) == 22  # the scenario reaches every path
+    assert len(steps) == 23 and sum(len(p) for _, p in steps) == 24  # the scenario reaches every path
     assert any(ph["no_graph_reason"] for _, p in steps for ph in p)
     assert any(st["error"] for st, _ in steps)
 

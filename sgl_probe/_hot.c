@@ -452,6 +452,8 @@ read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
             if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), s_is_verify) == 0)
                 return 0;
     }
+    /* The attribute reads first (they may run Python code, another thread's reader filling the
+       tables included); then the table look-ups, which run none, and new references at once. */
     PyObject *batch = args[1];
     PyObject *fm = getattr_maybe(batch, s_forward_mode);
     if (fm == NULL)
@@ -460,40 +462,36 @@ read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     Py_DECREF(fm);
     if (key == NULL)
         return -1;
-    PyObject *hit = PyDict_GetItemWithError(h->mode_names, key); /* (member, name) */
-    Py_DECREF(key);
-    if (hit == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2)
-        return 0;
-    PyObject *mode = PyTuple_GET_ITEM(hit, 1);
-    PyObject *phase;
-    if (h->fast_read == FAST_STEP) {
-        phase = s_step;
-        /* tokens = bs unless the mode is a prefill one (extend_tokens: the Python reader) */
-        if (!PyUnicode_Check(mode) || PyUnicode_Compare(mode, s_DECODE) != 0)
-            return 0;
-    }
-    else {
-        phase = PyDict_GetItemWithError(h->phase_of, mode);
-        if (phase == NULL)
-            return PyErr_Occurred() ? -1 : 0;
-        if (phase != Py_None && !(PyUnicode_Check(phase) && PyUnicode_Compare(phase, s_decode) == 0))
-            return 0;
-    }
     PyObject *seq = getattr_maybe(batch, s_seq_lens);
-    if (seq == NULL)
+    PyObject *shape = seq == NULL ? NULL : getattr_maybe(seq, s_shape);
+    Py_XDECREF(seq);
+    if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) {
+        Py_DECREF(key);
+        Py_XDECREF(shape);
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *shape = getattr_maybe(seq, s_shape);
-    Py_DECREF(seq);
-    if (shape == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) {
-        Py_DECREF(shape);
-        return 0;
     }
     PyObject *bs = Py_NewRef(PyTuple_GET_ITEM(shape, 0));
     Py_DECREF(shape);
+    PyObject *hit = PyDict_GetItemWithError(h->mode_names, key); /* (member, name) */
+    Py_DECREF(key);
+    PyObject *mode = hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2 ? PyTuple_GET_ITEM(hit, 1) : NULL;
+    PyObject *phase = NULL;
+    if (mode == NULL || !PyUnicode_Check(mode)) {
+        phase = NULL;
+    }
+    else if (h->fast_read == FAST_STEP) {
+        /* tokens = bs unless the mode is a prefill one (extend_tokens: the Python reader) */
+        phase = PyUnicode_Compare(mode, s_DECODE) == 0 ? s_step : NULL;
+    }
+    else {
+        phase = PyDict_GetItemWithError(h->phase_of, mode);
+        if (phase != NULL && phase != Py_None && !(PyUnicode_Check(phase) && PyUnicode_Compare(phase, s_decode) == 0))
+            phase = NULL;
+    }
+    if (phase == NULL) {
+        Py_DECREF(bs);
+        return PyErr_Occurred() ? -1 : 0;
+    }
     out[0] = Py_NewRef(phase);
     out[1] = Py_NewRef(mode);
     out[2] = bs;
@@ -1543,7 +1541,12 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
             continue;
         long long t0, t1;
         PyObject *kind;
-        if (interval_kind(f, c, ph->t_start, ph->t_end, &t0, &t1, &kind) < 0)
+        /* Held across interval_kind, which may release the GIL around the elapsed-time read. */
+        PyObject *t_start = Py_NewRef(ph->t_start), *t_end = Py_NewRef(ph->t_end);
+        int bad = interval_kind(f, c, t_start, t_end, &t0, &t1, &kind) < 0;
+        Py_DECREF(t_start);
+        Py_DECREF(t_end);
+        if (bad)
             goto fail;
         if (!any || t0 < lo)
             lo = t0;

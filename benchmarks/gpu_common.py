@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -286,11 +287,23 @@ def versions() -> dict:
         except Exception:
             out[name] = None
     try:
-        from sgl_probe import __version__
+        from sgl_probe import __version__, hotpath
 
         out["sgl-probe"] = __version__
+        out["sgl-probe hot path"] = hotpath.name(hotpath.load())
     except Exception:
         pass
+    try:
+        # What ran, whatever the machine copy's git HEAD says: a digest of the package's sources.
+        import hashlib
+
+        digest = hashlib.sha256()
+        for path in sorted(Path(ROOT, "sgl_probe").rglob("*")):
+            if path.suffix in (".py", ".c"):
+                digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+        out["sgl_probe_sources_sha256"] = digest.hexdigest()[:16]
+    except Exception:
+        out["sgl_probe_sources_sha256"] = None
     try:
         out["git_commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
                                            text=True, timeout=5).stdout.strip() or None

@@ -24,7 +24,7 @@ hook switched off); a BaseException that is not an Exception propagates, as in P
 static PyObject *s__capturing, *s__stream_key, *s__streams, *s__pool, *s__record, *s__anchors;
 static PyObject *s_is_verify;
 static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__returned, *s__offset,
-    *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda;
+    *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
 static PyObject *int_zero;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
@@ -1361,6 +1361,7 @@ typedef struct {
     int keep_gil;
     PyObject *gpu_event, *host_clock, *error_text;
     long long offset, tolerance;
+    int host; /* the CPU timer's tokens: host clock values, nothing to map or release */
 } TakeCtx;
 
 static int
@@ -1541,13 +1542,22 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
             continue;
         long long t0, t1;
         PyObject *kind;
-        /* Held across interval_kind, which may release the GIL around the elapsed-time read. */
-        PyObject *t_start = Py_NewRef(ph->t_start), *t_end = Py_NewRef(ph->t_end);
-        int bad = interval_kind(f, c, t_start, t_end, &t0, &t1, &kind) < 0;
-        Py_DECREF(t_start);
-        Py_DECREF(t_end);
-        if (bad)
-            goto fail;
+        if (c->host) {
+            if (as_ll(ph->t_start, &t0) < 0 || as_ll(ph->t_end, &t1) < 0)
+                goto fail;
+            t0 += c->offset;
+            t1 += c->offset;
+            kind = Py_None;
+        }
+        else {
+            /* Held across interval_kind, which may release the GIL around the elapsed-time read. */
+            PyObject *t_start = Py_NewRef(ph->t_start), *t_end = Py_NewRef(ph->t_end);
+            int bad = interval_kind(f, c, t_start, t_end, &t0, &t1, &kind) < 0;
+            Py_DECREF(t_start);
+            Py_DECREF(t_end);
+            if (bad)
+                goto fail;
+        }
         if (!any || t0 < lo)
             lo = t0;
         if (!any || t1 > hi)
@@ -1602,8 +1612,8 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
     PyObject *tuple = PyList_AsTuple(phases);
     PyObject *err = error_or_none(c, st->error);
     if (o_w0 && o_w1 && step_ms && tuple && err)
-        row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms, s_cuda,
-                           tuple, err);
+        row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms,
+                           c->host ? s_cpu : s_cuda, tuple, err);
     Py_XDECREF(o_w0);
     Py_XDECREF(o_w1);
     Py_XDECREF(step_ms);
@@ -1668,6 +1678,7 @@ take_ctx(CudaFastObject *f, TakeCtx *c, PyObject *const *args, PyObject *error_t
     c->gpu_event = PyTuple_GET_ITEM(kinds, 0);
     c->host_clock = PyTuple_GET_ITEM(kinds, 1);
     c->error_text = error_text;
+    c->host = 0;
     PyObject *v = state_need(f, s__offset);
     if (v == NULL || as_ll(v, &c->offset) < 0)
         return -1;
@@ -1694,35 +1705,22 @@ fast_interval(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("LLO", t0, t1, kind);
 }
 
-/* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop): drain.take_ready's
-   loop for this timer. Pops n steps off ``steps``, appends each one's row to ``out`` and releases
-   its events; a step that cannot be resolved goes to on_drop(step, exc) instead (its events
-   released all the same). */
+/* drain.take_ready's loop: pops n steps off ``steps``, appends each one's row to ``out`` and (CUDA
+   timer, ``f``) releases its events; a step that cannot be resolved goes to on_drop(step, exc)
+   instead, its events released all the same. Stops at a step the Python wrappers made (the
+   caller's Python loop resolves it); returns how many it took. */
 static PyObject *
-fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
+take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject *out, PyObject *on_drop)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError,
-                        "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop)");
-        return NULL;
-    }
-    PyObject *steps = args[0], *out = args[2], *on_drop = args[8];
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
     if (!PyList_Check(out)) {
         PyErr_SetString(PyExc_TypeError, "take: out is a list");
         return NULL;
     }
-    TakeCtx c;
-    if (take_ctx(f, &c, args + 3, args[7]) < 0)
-        return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *st = PyObject_CallMethodNoArgs(steps, s_popleft);
         if (st == NULL)
             return NULL;
         if (Py_TYPE(st) != &StepRecordType) {
-            /* Not one the C wrappers made (a Python-path step): the caller resolves it. */
             PyObject *r = PyObject_CallMethodOneArg(steps, s_appendleft, st);
             Py_DECREF(st);
             if (r == NULL)
@@ -1730,7 +1728,7 @@ fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(r);
             return PyLong_FromSsize_t(i);
         }
-        PyObject *row = resolve_row(f, &c, (StepRecordObject *)st);
+        PyObject *row = resolve_row(f, c, (StepRecordObject *)st);
         int rc = 0;
         if (row != NULL) {
             rc = PyList_Append(out, row);
@@ -1750,19 +1748,56 @@ fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         else { /* a BaseException: released all the same (Python's ``finally``), then raised */
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
-            if (release_step(f, (StepRecordObject *)st) < 0)
+            if (f != NULL && release_step(f, (StepRecordObject *)st) < 0)
                 PyErr_Clear();
             PyErr_Restore(type, value, tb);
             Py_DECREF(st);
             return NULL;
         }
-        if (release_step(f, (StepRecordObject *)st) < 0)
+        if (f != NULL && release_step(f, (StepRecordObject *)st) < 0)
             rc = -1;
         Py_DECREF(st);
         if (rc < 0)
             return NULL;
     }
     return PyLong_FromSsize_t(n);
+}
+
+/* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop): take_loop
+   for this CUDA timer. */
+static PyObject *
+fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    TakeCtx c;
+    if (take_ctx(f, &c, args + 3, args[7]) < 0)
+        return NULL;
+    return take_loop(f, &c, args[0], n, args[2], args[8]);
+}
+
+/* take_host(steps, n, out, offset, error_text, on_drop): take_loop for the CPU timer (tokens are
+   host-clock values, mapped by adding ``offset``). */
+static PyObject *
+hot_take_host(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "take_host(steps, n, out, offset, error_text, on_drop)");
+        return NULL;
+    }
+    TakeCtx c = {0};
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if ((n == -1 && PyErr_Occurred()) || as_ll(args[3], &c.offset) < 0)
+        return NULL;
+    c.host = 1;
+    c.error_text = args[4];
+    return take_loop(NULL, &c, args[0], n, args[2], args[5]);
 }
 
 static PyObject *
@@ -1831,6 +1866,7 @@ static PyMethodDef module_methods[] = {
     {"now_ns", hot_now_ns, METH_NOARGS, "The clock the C wrappers read (time.perf_counter_ns)."},
     {"cpu_start", (PyCFunction)(void (*)(void))cpu_start, METH_FASTCALL, "CpuTimer.start(now_ns) -> now_ns"},
     {"cpu_stop", (PyCFunction)(void (*)(void))cpu_stop, METH_FASTCALL, "CpuTimer.stop(token, now_ns) -> now_ns"},
+    {"take_host", (PyCFunction)(void (*)(void))hot_take_host, METH_FASTCALL, "drain.take_ready's loop, CPU timer"},
     {NULL},
 };
 
@@ -1864,6 +1900,7 @@ PyInit__hot(void)
     INTERN(s_t_start, "t_start");
     INTERN(s_t_end, "t_end");
     INTERN(s_cuda, "cuda");
+    INTERN(s_cpu, "cpu");
     INTERN(s_seq_lens, "seq_lens");
     INTERN(s_shape, "shape");
     INTERN(s_step, "step");

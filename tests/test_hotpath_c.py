@@ -590,3 +590,26 @@ def test_the_c_drain_leaves_python_made_records_to_the_python_loop(hot, monkeypa
     rows: list = []
     assert timer.take_rows(steps, 3, rows, drain.error_text, drain._drop) == 0 and len(steps) == 3
     assert drain.take_ready(steps, timer, 10**13, False, 10, rows) == 3 and [r[0] for r in rows] == [0, 1, 2]
+
+
+def test_the_c_drain_resolves_cpu_timer_steps_as_the_python_loop(hot, monkeypatch):
+    """The CPU timer's steps (host-clock tokens): CpuTimer.take_rows in C against the Python loop."""
+    from sgl_probe import drain, timing
+
+    monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)  # the same wall-clock offset every time
+    monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+    got = {}
+    for c_take in (True, False):
+        rec = Recorder("cpu", 100, LOG, "c")
+        _scenario(rec, monkeypatch)  # its steps: errors, a capture, graphs and not, verifies
+        timer = rec.timer = CpuTimer(hot)
+        if not c_take:
+            monkeypatch.setattr(timer, "take_rows", lambda *a: 0)
+        rows: list = []
+        n = drain.take_ready(rec.steps, timer, 10**13, True, 5, rows)
+        n += drain.take_ready(rec.steps, timer, 10**13, True, 1000, rows)
+        got[c_take] = (n, rows)
+    assert got[True] == got[False]
+    n, rows = got[True]
+    assert n == len(rows) == 23 and {row[7] for row in rows} == {"cpu"}
+    assert any(row[9] for row in rows) and any(ph[12] for row in rows for ph in row[8])  # errors' texts

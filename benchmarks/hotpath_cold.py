@@ -173,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     if not set(roles) <= set(ROLES) or "step" not in roles:
         ap.error(f"--roles: from {ROLES}, step among them (phases are recorded inside a step)")
     hotpaths = tuple(args.hotpaths.split(","))
-    if not set(hotpaths) <= {"auto", "c", "python"} or len(set(hotpaths)) != len(hotpaths):
-        ap.error("--hotpaths: distinct values from auto, c, python")
+    from sgl_probe.hotpath import CHOICES
+
+    if not set(hotpaths) <= set(CHOICES) or len(set(hotpaths)) != len(hotpaths):
+        ap.error("--hotpaths: distinct values from " + ", ".join(CHOICES))
     print_result(run(args.evict_kb, args.steps, args.repeats, roles, hotpaths), args.json)
     return 0
 

@@ -107,11 +107,12 @@ record_clear(PyObject *self)
     return 0;
 }
 
+/* Every type here: untrack, clear through its own tp_clear, free. */
 static void
-record_dealloc(PyObject *self)
+tracked_dealloc(PyObject *self)
 {
     PyObject_GC_UnTrack(self);
-    record_clear(self);
+    Py_TYPE(self)->tp_clear(self);
     Py_TYPE(self)->tp_free(self);
 }
 
@@ -231,7 +232,7 @@ static PyTypeObject PhaseRecordType = {
     .tp_basicsize = sizeof(PhaseRecordObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = phase_record_new,
-    .tp_dealloc = record_dealloc,
+    .tp_dealloc = tracked_dealloc,
     .tp_traverse = record_traverse,
     .tp_clear = record_clear,
     .tp_members = phase_members,
@@ -244,7 +245,7 @@ static PyTypeObject StepRecordType = {
     .tp_basicsize = sizeof(StepRecordObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = step_record_new,
-    .tp_dealloc = record_dealloc,
+    .tp_dealloc = tracked_dealloc,
     .tp_traverse = record_traverse,
     .tp_clear = record_clear,
     .tp_members = step_members,
@@ -290,14 +291,6 @@ hook_clear(HookObject *h)
     return 0;
 }
 
-static void
-hook_dealloc(HookObject *h)
-{
-    PyObject_GC_UnTrack(h);
-    hook_clear(h);
-    Py_TYPE(h)->tp_free((PyObject *)h);
-}
-
 /* As a function in a class: bound to an instance, itself when read from the class. */
 static PyObject *
 hook_descr_get(PyObject *self, PyObject *obj, PyObject *type)
@@ -323,6 +316,17 @@ now_ns(HookObject *h)
     return PyObject_CallNoArgs(fn);
 }
 
+/* The exception being raised, taken off and normalized, its traceback attached (as ``except E as
+   exc`` sees it); PyErr_Restore puts it back. */
+static void
+fetch_exception(PyObject **type, PyObject **value, PyObject **tb)
+{
+    PyErr_Fetch(type, value, tb);
+    PyErr_NormalizeException(type, value, tb);
+    if (*tb != NULL && *value != NULL)
+        PyException_SetTraceback(*value, *tb);
+}
+
 /* The probe's own work raised. An Exception goes to hook.fail (0: carry on without the probe); a
    BaseException that is not one (KeyboardInterrupt, SystemExit) stays set (-1: propagate), as the
    Python versions' ``except Exception`` do. */
@@ -332,10 +336,7 @@ probe_failed(HookObject *h)
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return -1;
     PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL)
-        PyException_SetTraceback(value, tb);
+    fetch_exception(&type, &value, &tb);
     PyObject *r = PyObject_CallMethodOneArg(h->hook, s_fail, value ? value : Py_None);
     Py_XDECREF(type);
     Py_XDECREF(value);
@@ -409,19 +410,6 @@ call_reader(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     return facts;
 }
 
-/* The exception being raised, normalized, as a new reference; it stays set. */
-static PyObject *
-current_exception(void)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL)
-        PyException_SetTraceback(value, tb);
-    PyObject *exc = Py_XNewRef(value);
-    PyErr_Restore(type, value, tb);
-    return exc;
-}
 
 /* ``getattr(obj, name)`` where it exists (new reference); NULL with no error set where it does not. */
 static PyObject *
@@ -615,10 +603,9 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
     PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (result == NULL) {
-        PyObject *exc = current_exception();
-        if (exc != NULL)
-            Py_SETREF(st->error, exc);
-        PyErr_Fetch(&type, &value, &tb);
+        fetch_exception(&type, &value, &tb);
+        if (value != NULL)
+            Py_SETREF(st->error, Py_NewRef(value));
     }
     cur_set(cur, 0, Py_None);
     cur_set(cur, 1, Py_None);
@@ -787,14 +774,10 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
     cur_set(cur, 1, Py_None);
     Py_DECREF(cur);
     if (result == NULL) {
-        PyObject *exc = current_exception();
         PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *call_args[3] = {(PyObject *)st, (PyObject *)ph, exc ? exc : Py_None};
-        PyObject *r = PyObject_VectorcallMethod(s_close_phase, (PyObject *[]){h->rec, call_args[0], call_args[1],
-                                                                              call_args[2]},
-                                                4, NULL);
-        Py_XDECREF(exc);
+        fetch_exception(&type, &value, &tb);
+        PyObject *call_args[4] = {h->rec, (PyObject *)st, (PyObject *)ph, value ? value : Py_None};
+        PyObject *r = PyObject_VectorcallMethod(s_close_phase, call_args, 4, NULL);
         int keep = 1;
         if (r == NULL)
             keep = probe_failed(h) == 0;
@@ -1008,7 +991,7 @@ mark_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         .tp_basicsize = sizeof(HookObject),                                                                    \
         .tp_flags = HOOK_FLAGS,                                                                                \
         .tp_new = new_fn,                                                                                      \
-        .tp_dealloc = (destructor)hook_dealloc,                                                                \
+        .tp_dealloc = tracked_dealloc,                                                                \
         .tp_traverse = (traverseproc)hook_traverse,                                                            \
         .tp_clear = (inquiry)hook_clear,                                                                       \
         .tp_vectorcall_offset = offsetof(HookObject, vectorcall),                                              \
@@ -1061,14 +1044,6 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->state);
     Py_CLEAR(f->on_fail);
     return 0;
-}
-
-static void
-fast_dealloc(CudaFastObject *f)
-{
-    PyObject_GC_UnTrack(f);
-    fast_clear(f);
-    Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
 static PyObject *
@@ -1736,8 +1711,7 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
         }
         else if (PyErr_ExceptionMatches(PyExc_Exception)) {
             PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
+            fetch_exception(&type, &value, &tb);
             PyObject *r = PyObject_CallFunctionObjArgs(on_drop, st, value ? value : Py_None, NULL);
             Py_XDECREF(type);
             Py_XDECREF(value);
@@ -1826,7 +1800,7 @@ static PyTypeObject CudaFastType = {
     .tp_basicsize = sizeof(CudaFastObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = fast_new,
-    .tp_dealloc = (destructor)fast_dealloc,
+    .tp_dealloc = tracked_dealloc,
     .tp_traverse = (traverseproc)fast_traverse,
     .tp_clear = (inquiry)fast_clear,
     .tp_methods = fast_methods,

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 
+from sgl_probe import hotpath
 from sgl_probe.contract import DEFAULT_ENV_ALLOW
 
 log = logging.getLogger("sgl_probe")
@@ -108,7 +109,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     cfg = Config(
         enabled=get("SGL_PROBE", _parse_bool, True, "1/true/yes/on or 0/false/no/off"),
         timer=get("SGL_PROBE_TIMER", _parse_choice(("auto", "cuda", "cpu")), "auto", "auto, cuda, cpu"),
-        hotpath=get("SGL_PROBE_HOTPATH", _parse_choice(("auto", "c", "python")), "auto", "auto, c, python"),
+        hotpath=get("SGL_PROBE_HOTPATH", _parse_choice(hotpath.CHOICES), "auto", ", ".join(hotpath.CHOICES)),
         trace_dir=get("SGL_PROBE_TRACE_DIR", str, None, "a directory path"),
         summary_s=get("SGL_PROBE_SUMMARY_S", _parse_nonneg_float, defaults.summary_s,
                       "a number of seconds >= 0 (0 turns the summary line off)"),

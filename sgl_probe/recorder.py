@@ -92,7 +92,6 @@ class Recorder:
         # The C versions of step_method / phase_method and of the CUDA timer's start / stop, or None
         # (sgl_probe.hotpath).
         self.c = hotpath.load(hot)
-        self.hotpath = hotpath.name(self.c)
         self.max_pending = max_pending
         self.timer: Any = None
         self.tls = _ThreadState()
@@ -103,6 +102,11 @@ class Recorder:
         self.step_count = 0
         self.dropped_steps = 0
         self.spec: dict = {}  # num_steps / topk / num_draft_tokens / algorithm, from server args
+
+    @property
+    def hotpath(self) -> str:
+        """Which hot path this recorder's wrappers run: ``c`` or ``python``."""
+        return hotpath.name(self.c)
 
     def reset_after_fork(self) -> None:
         # In place: the wrapped methods hold these objects. The forking thread is the only one

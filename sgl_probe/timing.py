@@ -506,11 +506,9 @@ class CudaTimer:
         class doc). The end maps through its anchor; the start is the entry, or the previous
         phase's mapped end on the same stream where that is later. With the C hot path, the same
         arithmetic in C (``sgl_probe._hot.CudaFast.interval``, what the C drain runs)."""
-        elapsed = getattr(self._prepared, "elapsed", None)
         if self._c is not None:
-            return self._c.interval(start, end, elapsed or self._elapsed, getattr(elapsed, "address", 0) or 0,
-                                    self.elapsed_keeps_gil, START_VALUES)
-        elapsed = elapsed or self._elapsed
+            return self._c.interval(start, end, *self._c_reader())
+        elapsed = getattr(self._prepared, "elapsed", None) or self._elapsed
         end_ev, stream, end_host, (anchor_ev, anchor_host) = end
         offset = self._offset
         t1 = anchor_host + offset
@@ -558,13 +556,16 @@ class CudaTimer:
         times read by the runtime's ``cudaEventElapsedTime`` itself once this thread's checks
         passed (:meth:`checked_elapsed`). Returns how many it took: it stops at a step the Python
         wrappers made, and takes none on a thread not prepared yet (the Python loop does both)."""
-        state = self._prepared
-        if self._c is None or not getattr(state, "done", False):
+        if self._c is None or not getattr(self._prepared, "done", False):
             return 0
-        elapsed = getattr(state, "elapsed", None)
-        address = getattr(elapsed, "address", 0) if elapsed is not None else 0
-        return self._c.take(steps, n, out, elapsed or self._elapsed, address or 0, self.elapsed_keeps_gil,
-                            START_VALUES, error_text, on_drop)
+        return self._c.take(steps, n, out, *self._c_reader(), error_text, on_drop)
+
+    def _c_reader(self) -> tuple:
+        """What the C drain reads GPU times with on this thread: the reader (as
+        :meth:`interval_kind` picks it), the runtime function's address once the checks passed (0
+        before), whether it keeps the GIL, and the start kinds."""
+        elapsed = getattr(self._prepared, "elapsed", None)
+        return (elapsed or self._elapsed, getattr(elapsed, "address", 0), self.elapsed_keeps_gil, START_VALUES)
 
     def wall(self, host_ns: int) -> int:
         return host_ns + self._offset

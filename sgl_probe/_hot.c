@@ -33,6 +33,55 @@ static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count,
 static PyObject *int_one, *int_minus_one;
 static PyObject *perf_counter_ns;
 
+/* Section times, a benchmark-only build (``CC="cc -DSGL_PROBE_SECTION_TIMES"``; the GPU builder's
+   ``--section-times``): where the wrappers' own time goes inside a real server, caches as they are
+   there, which no timing layer around them can split. A normal build compiles none of it. */
+#ifdef SGL_PROBE_SECTION_TIMES
+#define SECTIONS(X)                                                                                            \
+    X(step_enter) X(step_read) X(step_exit) X(phase_enter) X(phase_read) X(phase_start) X(phase_exit)        \
+    X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)
+#define SECTION_ID(name) SEC_##name,
+enum { SECTIONS(SECTION_ID) SEC_N };
+#define SECTION_NAME(name) #name,
+static const char *section_names[] = {SECTIONS(SECTION_NAME)};
+static unsigned long long section_ns[SEC_N], section_calls[SEC_N];
+
+static inline unsigned long long
+section_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+#define SECTION_T0(var) unsigned long long var = section_clock()
+#define SECTION_RESTART(var) (var = section_clock())
+#define SECTION_ADD(name, var)                                                                                 \
+    do {                                                                                                       \
+        unsigned long long t_ = section_clock();                                                               \
+        section_ns[SEC_##name] += t_ - (var);                                                                  \
+        section_calls[SEC_##name]++;                                                                           \
+        (var) = t_;                                                                                            \
+    } while (0)
+
+/* {name: (ns, calls)} since the module was loaded. */
+static PyObject *
+hot_section_times(PyObject *mod, PyObject *unused)
+{
+    PyObject *out = PyDict_New();
+    for (int i = 0; out != NULL && i < SEC_N; i++) {
+        PyObject *v = Py_BuildValue("(KK)", section_ns[i], section_calls[i]);
+        if (v == NULL || PyDict_SetItemString(out, section_names[i], v) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(v);
+    }
+    return out;
+}
+#else
+#define SECTION_T0(var)
+#define SECTION_RESTART(var)
+#define SECTION_ADD(name, var)
+#endif
+
 /* time.perf_counter_ns(): CLOCK_MONOTONIC on Linux (what CPython itself reads there). */
 static PyObject *
 clock_ns(void)
@@ -550,6 +599,7 @@ step_finish(HookObject *h, StepRecordObject *st)
 static PyObject *
 step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    SECTION_T0(sec);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *cur = thread_cur(h);
     if (cur == NULL)
@@ -586,10 +636,12 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
             goto probe_error;
         }
         PyObject *fx[4] = {NULL, NULL, NULL, NULL};
+        SECTION_T0(sec_read);
         if (read_facts(h, args, nargs, kwnames, fx) < 0) {
             Py_DECREF(index);
             goto probe_error;
         }
+        SECTION_ADD(step_read, sec_read);
         PyObject *now = now_ns(h);
         if (now != NULL)
             st = (StepRecordObject *)step_record_from(index, fx, now);
@@ -600,7 +652,9 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
             goto probe_error;
     }
     cur_set(cur, 0, (PyObject *)st);
+    SECTION_ADD(step_enter, sec);
     PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    SECTION_RESTART(sec);
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (result == NULL) {
         fetch_exception(&type, &value, &tb);
@@ -623,6 +677,7 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
         PyErr_Restore(type, value, tb);
     }
     Py_DECREF(st);
+    SECTION_ADD(step_exit, sec);
     return result;
 
 probe_error:
@@ -723,6 +778,7 @@ phase_finish(HookObject *h, PyObject *self_obj, StepRecordObject *st, PhaseRecor
 static PyObject *
 phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    SECTION_T0(sec);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *cur = thread_cur(h);
     if (cur == NULL) {
@@ -745,11 +801,14 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
     Py_INCREF(st);
     PhaseRecordObject *ph = NULL;
     PyObject *fx[4] = {NULL, NULL, NULL, NULL};
+    SECTION_T0(sec_part);
     if (read_facts(h, args, nargs, kwnames, fx) > 0) {
+        SECTION_ADD(phase_read, sec_part);
         if (fx[0] != Py_None) {
             PyObject *now = now_ns(h);
             if (now != NULL) {
                 PyObject *token = timer_call(h, s_start, &now, 1);
+                SECTION_ADD(phase_start, sec_part);
                 if (token != NULL) {
                     ph = (PhaseRecordObject *)phase_record_from(fx, h->name, now, token);
                     Py_DECREF(token);
@@ -770,7 +829,9 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
         return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     }
     cur_set(cur, 1, (PyObject *)ph);
+    SECTION_ADD(phase_enter, sec);
     PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    SECTION_RESTART(sec);
     cur_set(cur, 1, Py_None);
     Py_DECREF(cur);
     if (result == NULL) {
@@ -798,6 +859,7 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
     }
     Py_DECREF(st);
     Py_DECREF(ph);
+    SECTION_ADD(phase_exit, sec);
     return result;
 }
 
@@ -806,6 +868,7 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
 static PyObject *
 mark_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    SECTION_T0(sec);
     PyObject *cur = thread_cur(h);
     if (cur == NULL) {
         if (probe_failed(h) < 0)
@@ -839,6 +902,7 @@ mark_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
         }
     }
     Py_DECREF(ph);
+    SECTION_ADD(mark, sec);
     return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
 }
 
@@ -1270,11 +1334,14 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
     }
     else {
+        SECTION_T0(sec);
         /* The stream first: the runtime's capture check asks it by its handle. */
         if (current_stream(f, &key, &stream) < 0 || handle_of(stream, s_cuda_stream, &stream_handle) < 0)
             goto done;
+        SECTION_ADD(stop_stream, sec);
         int status = 0;
         int err = f->is_capturing(stream_handle, &status);
+        SECTION_ADD(stop_capture, sec);
         int cap = status != 0;
         if (err != 0) {
             if (runtime_failed(f, "cudaStreamIsCapturing", err) < 0 || (cap = torch_capturing(f)) < 0)
@@ -1285,13 +1352,16 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
+    SECTION_T0(sec_ev);
     if ((ev = pop_event(f)) == NULL)
         goto done;
     void *event_handle = NULL;
     if (f->event_record != NULL && handle_of(ev, s_cuda_event, &event_handle) < 0)
         goto done;
+    SECTION_ADD(stop_event, sec_ev);
     if (f->event_record != NULL && event_handle != NULL) {
         int err = f->event_record(event_handle, stream_handle);
+        SECTION_ADD(stop_record, sec_ev);
         if (err != 0 && (runtime_failed(f, "cudaEventRecord", err) < 0 || torch_record(f, ev, stream) < 0))
             goto done;
     }
@@ -1316,6 +1386,7 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         end = PyTuple_Pack(4, ev, stream, now, anchor);
         if (end != NULL && PyDict_SetItem(f->state, s_last_end, end) < 0)
             Py_CLEAR(end);
+        SECTION_ADD(stop_tail, sec_ev);
     }
 done:
     Py_XDECREF(ev);
@@ -1837,6 +1908,9 @@ hot_now_ns(PyObject *mod, PyObject *unused)
 }
 
 static PyMethodDef module_methods[] = {
+#ifdef SGL_PROBE_SECTION_TIMES
+    {"section_times", hot_section_times, METH_NOARGS, "{section: (ns, calls)}: the benchmark-only build's timers."},
+#endif
     {"now_ns", hot_now_ns, METH_NOARGS, "The clock the C wrappers read (time.perf_counter_ns)."},
     {"cpu_start", (PyCFunction)(void (*)(void))cpu_start, METH_FASTCALL, "CpuTimer.start(now_ns) -> now_ns"},
     {"cpu_stop", (PyCFunction)(void (*)(void))cpu_stop, METH_FASTCALL, "CpuTimer.stop(token, now_ns) -> now_ns"},

@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import zipfile
@@ -106,8 +107,9 @@ def build_sglang_tar(dest: Path) -> None:
     dest.with_suffix(".tmp").rename(dest)
 
 
-def build_probe_wheel(dest: Path, ref: str | None = None) -> Path:
-    """The wheel of this checkout, or of git ``ref`` (to measure two probe builds side by side)."""
+def build_probe_wheel(dest: Path, ref: str | None = None, section_times: bool = False) -> Path:
+    """The wheel of this checkout, or of git ``ref`` (to measure two probe builds side by side);
+    ``section_times``: its C hot path with the section timers the pause shim reads (benchmark-only)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,8 +119,11 @@ def build_probe_wheel(dest: Path, ref: str | None = None) -> Path:
             src.mkdir()
             archive = subprocess.run(["git", "archive", ref], cwd=REPO, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        env = dict(os.environ)
+        if section_times:
+            env["CC"] = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc") + " -DSGL_PROBE_SECTION_TIMES"
         subprocess.run([gpu_python(), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
-                       check=True)
+                       check=True, env=env)
     return next(dest.glob("sgl_probe-*.whl"))
 
 
@@ -186,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / ".carry" / "gpu_sglang")
     ap.add_argument("--probe-only", action="store_true", help="only rebuild the sgl-probe wheel")
     ap.add_argument("--ref", help="also carry the wheel of this git ref (probe_ref/), measured beside it")
+    ap.add_argument("--section-times", action="store_true",
+                    help="this checkout's wheel with the C hot path's section timers (the pause shim's self time splits them)")
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"pip did not fetch {still}")
         build_sglang_tar(out / f"sglang-{SGLANG_VERSION}.tar.xz")
         build_models(out / "models")
-    wheel = build_probe_wheel(out / "probe")
+    wheel = build_probe_wheel(out / "probe", section_times=args.section_times)
     if args.ref:
         build_probe_wheel(out / "probe_ref", args.ref)
     else:

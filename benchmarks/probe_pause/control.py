@@ -179,7 +179,9 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
     """The probe's own time between two flips (``SGL_BENCH_SELF_TIME``; :func:`gc_stats` of each):
     ``probe_self`` µs per scheduler step, ``hooked_calls`` per step, ``probe_self:<target>`` for
     each wrapper called in between, ``timer_call:<name>`` µs and ``timer_calls:<name>`` calls per
-    step for each of the CUDA timer's driver-facing calls (part of ``probe_self``). Steps as the
+    step for each of the CUDA timer's driver-facing calls (part of ``probe_self``), and
+    ``section:<name>`` / ``sections:<name>`` likewise for the C wrappers' sections where the
+    extension was built with them (``SGL_PROBE_SECTION_TIMES``). Steps as the
     shim counted them, else ``steps`` (e.g. from the token rate); None without totals or steps."""
     a, b = (g0 or {}).get("self_ns"), (g1 or {}).get("self_ns")
     if not a or not b:
@@ -199,6 +201,12 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
         if c1 > c0:
             out["timer_call:" + name] = (ns1 - ns0) / n / 1e3
             out["timer_calls:" + name] = (c1 - c0) / n
+    sections_before = (g0 or {}).get("self_sections") or {}
+    for name, (ns1, c1) in ((g1 or {}).get("self_sections") or {}).items():
+        ns0, c0 = sections_before.get(name, (0, 0))
+        if c1 > c0:
+            out["section:" + name] = (ns1 - ns0) / n / 1e3
+            out["sections:" + name] = (c1 - c0) / n
     return out
 
 

@@ -46,7 +46,9 @@ states. This is the hot path, not what the probe's other threads take (their CPU
 apart) nor what its code does to SGLang's caches afterwards. The same switch times each of the CUDA
 timer's driver-facing calls (capture check, stream look-up, stream and event queries, event
 records, event creation) where the scheduler thread makes them (``self_timer_calls``: name ->
-[ns, calls]), which splits the probe's own time into its driver calls and its Python.
+[ns, calls]), which splits the probe's own time into its driver calls and its Python. Where the
+C hot path was built with its section timers (``SGL_PROBE_SECTION_TIMES``), the file carries
+them too (``self_sections``: section -> [ns, calls]), which splits the C wrappers' time.
 """
 
 import gc
@@ -113,11 +115,19 @@ def _flip(signum, frame):
                 json.dump(dict(_GC, t=time.time(), elapsed_source=source, probe_file=probe_file,
                                self_ns=list(_SELF) if _SELF_ON else None,
                                self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None,
-                               self_timer_calls={k: list(v) for k, v in _CALLS.items()} if _SELF_ON else None), fh)
+                               self_timer_calls={k: list(v) for k, v in _CALLS.items()} if _SELF_ON else None,
+                               self_sections=_sections() if _SELF_ON else None), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down
         sys.stderr.write("probe_pause: %r\n" % (exc,))
+
+
+def _sections():
+    """The C wrappers' section times where the extension was built with them (build.py
+    ``--section-times``): {section: [ns, calls]}; None otherwise."""
+    times = getattr(sys.modules.get("sgl_probe._hot"), "section_times", None)
+    return {k: list(v) for k, v in times().items()} if times is not None else None
 
 
 def _keep_gil(timer):

@@ -17,11 +17,12 @@ hook switched off); a BaseException that is not an Exception propagates, as in P
 #include <Python.h>
 #include <structmember.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <math.h>
 #include <string.h>
 #include <time.h>
 
-static PyObject *s__capturing, *s__stream_key, *s__streams, *s__pool, *s__record, *s__anchors;
+static PyObject *s__capturing, *s__stream_key, *s__raw_stream, *s__streams, *s__pool, *s__record, *s__anchors;
 static PyObject *s_is_verify;
 static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__returned, *s__offset,
     *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
@@ -396,15 +397,28 @@ probe_failed(HookObject *h)
     return 0;
 }
 
+/* The last thread state read on this OS thread and its ``cur`` list. A thread's ``cur`` is one
+   list for the life of its thread state (recorder._ThreadState; a fork's reset empties it in
+   place), and reading it through the ``threading.local`` costs several cache-cold dict look-ups on
+   every wrapped call; this costs a pointer compare. Both are held (strong references), so the
+   thread state's address cannot be reused by another object while it is remembered. */
+static _Thread_local PyObject *tls_seen, *cur_seen;
+
 /* The thread's [open step, open phase] list (recorder._ThreadState.cur). */
 static PyObject *
 thread_cur(HookObject *h)
 {
+    if (h->tls == tls_seen)
+        return Py_NewRef(cur_seen);
     PyObject *cur = PyObject_GetAttr(h->tls, s_cur);
     if (cur != NULL && (!PyList_CheckExact(cur) || PyList_GET_SIZE(cur) != 2)) {
         Py_DECREF(cur);
         PyErr_SetString(PyExc_TypeError, "sgl-probe: the thread state is not a [step, phase] list");
         return NULL;
+    }
+    if (cur != NULL) {
+        Py_XSETREF(cur_seen, Py_NewRef(cur));
+        Py_XSETREF(tls_seen, Py_NewRef(h->tls));
     }
     return cur;
 }
@@ -1090,6 +1104,9 @@ typedef struct {
     stream_is_capturing_fn is_capturing;
     get_last_error_fn get_last_error;
     PyObject *on_fail; /* called once with a message when a runtime call failed (then torch's) */
+    /* The runtime path's stream look-up: torch's raw handle of the current stream (an int) ->
+       (torch's key for it, the probe's Stream), filled by the full look-up (current_stream). */
+    PyObject *handles;
 } CudaFastObject;
 
 static int
@@ -1098,6 +1115,7 @@ fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
     Py_VISIT(f->timer);
     Py_VISIT(f->state);
     Py_VISIT(f->on_fail);
+    Py_VISIT(f->handles);
     return 0;
 }
 
@@ -1107,6 +1125,7 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->timer);
     Py_CLEAR(f->state);
     Py_CLEAR(f->on_fail);
+    Py_CLEAR(f->handles);
     return 0;
 }
 
@@ -1134,9 +1153,15 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             return NULL;
         }
     }
-    CudaFastObject *f = PyObject_GC_New(CudaFastObject, type);
-    if (f == NULL)
+    PyObject *handles = PyDict_New();
+    if (handles == NULL)
         return NULL;
+    CudaFastObject *f = PyObject_GC_New(CudaFastObject, type);
+    if (f == NULL) {
+        Py_DECREF(handles);
+        return NULL;
+    }
+    f->handles = handles;
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
     f->event_record = (event_record_fn)record;
@@ -1267,6 +1292,68 @@ current_stream(CudaFastObject *f, PyObject **key_out, PyObject **stream_out)
     return 0;
 }
 
+/* Distinct raw handles kept before the map starts again (as the timer's _STREAMS_MAX). */
+#define HANDLES_MAX 256
+
+/* current_stream for the runtime path, which needs the stream's raw handle as well: torch's
+   ``_cuda_getCurrentRawStream`` (the timer's ``_raw_stream``, None where torch lacks it) returns
+   that handle as an int, one call where the full look-up takes three (torch's key, a tuple; the
+   dict; the Stream's ``cuda_stream``) on a thread whose caches SGLang keeps cold. A handle is
+   mapped after the full look-up has named the same stream. Handles 0-2 (the legacy and
+   per-thread default streams) are the same on every device, so those always take the full
+   look-up; any other names one stream of one device (torch never frees its pool's streams). */
+static int
+current_stream_runtime(CudaFastObject *f, PyObject **key_out, PyObject **stream_out, void **handle_out)
+{
+    PyObject *raw = state_get(f, s__raw_stream);
+    if (raw == NULL)
+        return -1;
+    PyObject *h = NULL;
+    if (raw != Py_None) {
+        if ((h = PyObject_CallOneArg(raw, int_minus_one)) == NULL)
+            return -1;
+        PyObject *hit = PyDict_GetItemWithError(f->handles, h);
+        if (hit != NULL) {
+            *handle_out = PyLong_AsVoidPtr(h);
+            Py_DECREF(h);
+            *key_out = Py_NewRef(PyTuple_GET_ITEM(hit, 0));
+            *stream_out = Py_NewRef(PyTuple_GET_ITEM(hit, 1));
+            return 0;
+        }
+        if (PyErr_Occurred()) {
+            Py_DECREF(h);
+            return -1;
+        }
+    }
+    if (current_stream(f, key_out, stream_out) < 0) {
+        Py_XDECREF(h);
+        return -1;
+    }
+    if (handle_of(*stream_out, s_cuda_stream, handle_out) < 0)
+        goto fail;
+    if (h != NULL) {
+        void *named = PyLong_AsVoidPtr(h);
+        if (named == NULL && PyErr_Occurred())
+            goto fail;
+        if (named == *handle_out && (uintptr_t)named > 2) {
+            if (PyDict_GET_SIZE(f->handles) >= HANDLES_MAX)
+                PyDict_Clear(f->handles);
+            PyObject *v = PyTuple_Pack(2, *key_out, *stream_out);
+            int err = v == NULL ? -1 : PyDict_SetItem(f->handles, h, v);
+            Py_XDECREF(v);
+            if (err < 0)
+                goto fail;
+        }
+        Py_DECREF(h);
+    }
+    return 0;
+fail:
+    Py_XDECREF(h);
+    Py_CLEAR(*key_out);
+    Py_CLEAR(*stream_out);
+    return -1;
+}
+
 /* torch's capture check (the timer's ``_capturing``): 1 capturing, 0 not, -1 error. */
 static int
 torch_capturing(CudaFastObject *f)
@@ -1336,7 +1423,7 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     else {
         SECTION_T0(sec);
         /* The stream first: the runtime's capture check asks it by its handle. */
-        if (current_stream(f, &key, &stream) < 0 || handle_of(stream, s_cuda_stream, &stream_handle) < 0)
+        if (current_stream_runtime(f, &key, &stream, &stream_handle) < 0)
             goto done;
         SECTION_ADD(stop_stream, sec);
         int status = 0;
@@ -1958,6 +2045,7 @@ PyInit__hot(void)
     INTERN(s_launch_ns, "launch_ns");
     INTERN(s__capturing, "_capturing");
     INTERN(s__stream_key, "_stream_key");
+    INTERN(s__raw_stream, "_raw_stream");
     INTERN(s__streams, "_streams");
     INTERN(s__pool, "_pool");
     INTERN(s__record, "_record");

@@ -222,6 +222,9 @@ class CudaTimer:
         self._elapsed = getattr(base, "elapsed_time", None) or Event.elapsed_time
         self._stream_query = getattr(getattr(C, "_CudaStreamBase", None), "query", None) or cuda.Stream.query
         self._stream_key = getattr(C, "_cuda_getCurrentStream", None)
+        # The C hot path's runtime calls name the stream by its raw handle; this returns it in one
+        # call (sgl_probe._hot's current_stream_runtime), checked below against the full look-up.
+        self._raw_stream = getattr(C, "_cuda_getCurrentRawStream", None)
         self._streams: dict = {}
         self._pool: list = []
         self._returned: collections.deque = collections.deque()  # appended by the drain thread
@@ -243,13 +246,20 @@ class CudaTimer:
         # passed ("cuda_runtime_gil" with elapsed_keeps_gil; for benchmarks and tests to see which
         # ran).
         self.elapsed_source = "torch"
-        self.fast_stream = False
+        self.fast_stream = raw_ok = False
         if self._stream_key is not None:
             try:
                 official = self._current_stream()  # first: it runs torch's lazy CUDA init
                 self.fast_stream = self._lookup_stream()[0] == official
             except Exception:
                 self.fast_stream = False
+            try:
+                raw_ok = self.fast_stream and self._raw_stream is not None \
+                    and self._raw_stream(-1) == official.cuda_stream
+            except Exception:
+                raw_ok = False
+        if not raw_ok:
+            self._raw_stream = None
         if not self.fast_stream:
             self._stream_now = self._portable_stream  # type: ignore[method-assign]
             self.stop = self._stop_portable  # type: ignore[method-assign]

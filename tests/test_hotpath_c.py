@@ -393,6 +393,33 @@ def test_the_function_a_c_wrapper_calls_can_be_layered_as_a_closure_cell_can(hot
         fwd.sgl_probe_original = 3
 
 
+def test_each_thread_and_each_recorder_keeps_its_own_open_step(hot):
+    """The C wrappers remember the last thread state they read on each OS thread: another
+    recorder's step inside a step, and the same recorder's step on another thread meanwhile, are
+    steps of their own."""
+    import threading
+
+    def wrapped(rec):
+        rec.timer = CpuTimer()
+        fwd = rec.phase_method(Hook(FORWARD), lambda w, b: "fwd")
+        return rec.step_method(Hook(STEP), lambda w, b, then=None: (fwd(w, b), then and then()))
+
+    a, b = Recorder("cpu", 100, LOG, "c"), Recorder("cpu", 100, LOG, "c")
+    step_a, step_b = wrapped(a), wrapped(b)
+    batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])
+
+    def inside_a():
+        t = threading.Thread(target=step_a, args=("w", batch))
+        t.start()
+        t.join()
+        step_b("w", batch)
+
+    step_a("w", batch, then=inside_a)
+    step_b("w", batch)
+    assert [len(st.phases) for st in a.steps] == [1, 1] and [len(st.phases) for st in b.steps] == [1, 1]
+    assert a.tls.cur == [None, None] == b.tls.cur
+
+
 class _FakeRuntime:
     """libcudart's cudaEventRecord / cudaStreamIsCapturing / cudaGetLastError as real C function
     pointers (ctypes callbacks) over a stand-in torch, for the C timer's direct runtime calls."""
@@ -408,7 +435,8 @@ class _FakeRuntime:
             self.calls.append(("record", ev, stream))
             if self.fail_record:
                 return self.fail_record
-            (st,) = [s for s in timer_streams(ft) if s.cuda_stream == stream]
+            # ctypes passes NULL as None; a default stream's handle names the current device's
+            (st,) = [s for s in timer_streams(ft) if s.cuda_stream == (stream or 0) and (stream or s.key == ft.current)]
             ft._record(ft.handles[ev], st)
             return 0
 
@@ -434,10 +462,10 @@ def timer_streams(ft):
     return _STREAMS
 
 
-def _runtime_timer(hot, monkeypatch, **fail):
+def _runtime_timer(hot, monkeypatch, ft=None, **fail):
     from sgl_probe import timing
 
-    ft = _FakeTorch()
+    ft = ft or _FakeTorch()
     rt = _FakeRuntime(ft, **fail)
     monkeypatch.setattr(timing, "_runtime_entry_points", lambda on_fail: rt.addresses + (on_fail,))
     timer = CudaTimer(ft, hot)
@@ -467,6 +495,58 @@ def test_the_c_timer_records_through_the_runtime_with_the_same_results(hot, monk
     timer._pool.append(fresh)
     end2 = timer.stop(timer.start(10**12 + 2 * 10**6), 10**12 + 2 * 10**6 + 5)
     assert end2[0] is fresh and torch_records == [fresh] and rt.cleared == 0
+
+
+def test_the_c_timer_names_the_stream_by_its_raw_handle_once_the_full_look_up_has(hot, monkeypatch):
+    """torch's raw handle of the current stream (one call returning an int) stands for the full
+    look-up (torch's key, the dict, the Stream's handle) once that has named the same stream; a
+    switch of streams is followed; the default streams' handles (the same on every device) always
+    take the full look-up; a torch whose raw handle disagrees at start is not asked."""
+    ft = _FakeTorch()
+    raw = {"calls": 0}
+
+    def handle(key):  # stream 0 stands for a default stream: handle 0 on every device
+        return 0 if key[0] == 0 else 0x1000 + key[0]
+
+    def raw_stream(idx):
+        assert idx == -1
+        raw["calls"] += 1
+        return handle(ft.current)
+
+    ft._C._cuda_getCurrentRawStream = staticmethod(raw_stream)
+    ft, rt, timer = _runtime_timer(hot, monkeypatch, ft=ft)
+    ft.cuda.Stream.cuda_stream = property(lambda st: handle(st.key))
+    assert timer._raw_stream is not None
+    full = []
+    key = timer._stream_key
+    timer._stream_key = lambda i: full.append(i) or key(i)
+    other = (5, 0, 1)
+    _STREAMS.append(ft.cuda.Stream(*other))
+    plan = [None, None, other, other, None, other, None]
+    got = []
+    for i, cur in enumerate(plan):
+        ft.current = other if cur else (3, 0, 1)
+        tok = timer.start(10**12 + i * 10**6)  # (an anchor's refresh looks the stream up in Python)
+        before = len(full)
+        end = timer.stop(tok, 10**12 + i * 10**6 + 5)
+        got.append((end[1].key, ft.records[-1][1], len(full) - before))
+    # the full look-up at each stream's first phase end (a stream new to the timer: torch's key
+    # twice, as in Python), none after; the record on the current stream each time
+    assert [g[2] for g in got] == [1, 0, 2, 0, 0, 0, 0]
+    assert all(g[0] == g[1] == ((5, 0, 1) if cur else (3, 0, 1)) for g, cur in zip(got, plan))
+    assert raw["calls"] == 1 + len(plan)  # the check at start, then one per phase end
+    # the default streams of two devices (one handle): the full look-up every time
+    _STREAMS.extend(ft.cuda.Stream(*k) for k in ((0, 0, 1), (0, 1, 1)))
+    for i in range(4):
+        ft.current = (0, i % 2, 1)
+        tok = timer.start(10**13 + i * 10**6)
+        before = len(full)
+        end = timer.stop(tok, 10**13 + i * 10**6 + 5)
+        assert len(full) > before and end[1].key == ft.current == ft.records[-1][1]
+    ft2 = _FakeTorch()
+    ft2._C._cuda_getCurrentRawStream = staticmethod(lambda idx: 0x9999)
+    _, _, timer2 = _runtime_timer(hot, monkeypatch, ft=ft2)
+    assert timer2._raw_stream is None and timer2.fast_stream
 
 
 def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monkeypatch, caplog):

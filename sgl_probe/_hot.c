@@ -313,12 +313,17 @@ typedef struct {
     PyObject *queue;        /* step: rec.steps */
     PyObject *name, *leave, *why; /* phase only */
     PyObject *mode_names, *phase_of; /* readers._MODE_NAMES / readers._PHASE_OF, for the C readers */
+    /* The last (member, name) entry of mode_names the C reader used: SGLang passes the same
+       ForwardMode member step after step, and this skips an int's allocation and a dict look-up.
+       Held, so the member (the entry's first item) stays alive and its address means it; None
+       before the first. */
+    PyObject *mode_seen;
     int leave_attr;
     int fast_read; /* FAST_STEP / FAST_FORWARD: the reader's common case in C (see read_fast) */
     int mark;      /* MarkHook: MARK_GRAPH or MARK_LAUNCH */
 } HookObject;
 
-#define N_HOOK_OBJS 16
+#define N_HOOK_OBJS 17
 enum { FAST_NONE = 0, FAST_STEP = 1, FAST_FORWARD = 2 };
 enum { MARK_GRAPH = 1, MARK_LAUNCH = 2 };
 #define HOOK_OBJS(h) (&(h)->dict)
@@ -509,22 +514,32 @@ read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     PyObject *fm = getattr_maybe(batch, s_forward_mode);
     if (fm == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *key = PyLong_FromVoidPtr(fm);
+    PyObject *key = NULL;
+    if (h->mode_seen == Py_None || PyTuple_GET_ITEM(h->mode_seen, 0) != fm) {
+        key = PyLong_FromVoidPtr(fm);
+        if (key == NULL) {
+            Py_DECREF(fm);
+            return -1;
+        }
+    }
     Py_DECREF(fm);
-    if (key == NULL)
-        return -1;
     PyObject *seq = getattr_maybe(batch, s_seq_lens);
     PyObject *shape = seq == NULL ? NULL : getattr_maybe(seq, s_shape);
     Py_XDECREF(seq);
     if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) {
-        Py_DECREF(key);
+        Py_XDECREF(key);
         Py_XDECREF(shape);
         return PyErr_Occurred() ? -1 : 0;
     }
     PyObject *bs = Py_NewRef(PyTuple_GET_ITEM(shape, 0));
     Py_DECREF(shape);
-    PyObject *hit = PyDict_GetItemWithError(h->mode_names, key); /* (member, name) */
-    Py_DECREF(key);
+    PyObject *hit = h->mode_seen;
+    if (key != NULL) {
+        hit = PyDict_GetItemWithError(h->mode_names, key); /* (member, name) */
+        Py_DECREF(key);
+        if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2 && PyTuple_GET_ITEM(hit, 0) == fm)
+            Py_XSETREF(h->mode_seen, Py_NewRef(hit));
+    }
     PyObject *mode = hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2 ? PyTuple_GET_ITEM(hit, 1) : NULL;
     PyObject *phase = NULL;
     if (mode == NULL || !PyUnicode_Check(mode)) {
@@ -893,18 +908,32 @@ mark_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
     Py_DECREF(cur);
     if (ph != Py_None) {
         int err = 0;
+        /* The C record's fields directly (a Python wrapper's record, where the two paths mix,
+           through its attributes): no attribute look-up on a thread whose caches are cold. */
+        PhaseRecordObject *pr = Py_IS_TYPE(ph, &PhaseRecordType) ? (PhaseRecordObject *)ph : NULL;
         if (h->mark == MARK_GRAPH) {
-            err = PyObject_SetAttr(ph, s_graph_hook, Py_True);
+            if (pr != NULL)
+                Py_XSETREF(pr->graph_hook, Py_NewRef(Py_True));
+            else
+                err = PyObject_SetAttr(ph, s_graph_hook, Py_True);
         }
         else {
-            PyObject *seen = PyObject_GetAttr(ph, s_launch_ns);
+            PyObject *seen = pr != NULL ? Py_XNewRef(pr->launch_ns) : PyObject_GetAttr(ph, s_launch_ns);
+            if (seen == NULL && pr != NULL)
+                PyErr_SetString(PyExc_AttributeError, "launch_ns");
             int first = seen == NULL ? -1 : PyObject_Not(seen);
             Py_XDECREF(seen);
             int on = first > 0 ? hook_enabled(h) : first;
             if (on > 0) {
                 PyObject *now = now_ns(h);
-                err = now == NULL ? -1 : PyObject_SetAttr(ph, s_launch_ns, now);
-                Py_XDECREF(now);
+                if (now == NULL)
+                    err = -1;
+                else if (pr != NULL)
+                    Py_XSETREF(pr->launch_ns, now);
+                else {
+                    err = PyObject_SetAttr(ph, s_launch_ns, now);
+                    Py_DECREF(now);
+                }
             }
             else if (on < 0) {
                 err = -1;

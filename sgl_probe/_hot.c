@@ -2023,6 +2023,166 @@ hot_now_ns(PyObject *mod, PyObject *unused)
     return clock_ns();
 }
 
+/* ---- the summary's per-phase accounting (summary.Summary.add) -------------------------------- */
+
+/* ``container[key]``, a list made and stored where it is missing (borrowed). */
+static PyObject *
+list_for(PyObject *container, PyObject *key)
+{
+    PyObject *got = PyDict_GetItemWithError(container, key);
+    if (got != NULL || PyErr_Occurred())
+        return got;
+    got = PyList_New(0);
+    if (got == NULL)
+        return NULL;
+    int err = PyDict_SetItem(container, key, got);
+    Py_DECREF(got);
+    return err < 0 ? NULL : got;
+}
+
+/* (ntok - 1).bit_length() if type(ntok) is int and ntok > 0 else None (new reference). */
+static PyObject *
+token_bucket(PyObject *ntok)
+{
+    if (!PyLong_CheckExact(ntok))
+        return Py_NewRef(Py_None);
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(ntok, &overflow);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow < 0 || (overflow == 0 && n <= 0))
+        return Py_NewRef(Py_None);
+    if (overflow > 0) { /* beyond a long long: Python's own arithmetic */
+        PyObject *less = PyNumber_Subtract(ntok, int_one);
+        PyObject *r = less == NULL ? NULL : PyObject_CallMethod(less, "bit_length", NULL);
+        Py_XDECREF(less);
+        return r;
+    }
+    unsigned long long m = (unsigned long long)(n - 1);
+    int bits = 0;
+    while (m) {
+        bits++;
+        m >>= 1;
+    }
+    return PyLong_FromLong(bits);
+}
+
+/* One phase row into the summary's state; see summary_add. */
+static int
+summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *window, PyObject *launch,
+              PyObject *accepts, PyObject *decode)
+{
+    if (!PyTuple_Check(ph) || PyTuple_GET_SIZE(ph) != 14) {
+        PyErr_SetString(PyExc_ValueError, "sgl-probe: a phase row has 14 fields");
+        return -1;
+    }
+    PyObject *phase = PyTuple_GET_ITEM(ph, 0), *t0 = PyTuple_GET_ITEM(ph, 1), *t1 = PyTuple_GET_ITEM(ph, 2);
+    PyObject *graph = PyTuple_GET_ITEM(ph, 3), *mode = PyTuple_GET_ITEM(ph, 4), *bs = PyTuple_GET_ITEM(ph, 5);
+    PyObject *ntok = PyTuple_GET_ITEM(ph, 6), *accept = PyTuple_GET_ITEM(ph, 9), *reason = PyTuple_GET_ITEM(ph, 11);
+    PyObject *graph_ms = PyTuple_GET_ITEM(ph, 13);
+    PyObject *ms = NULL, *key = NULL, *item = NULL, *bucket = NULL;
+    int rc = -1;
+    /* ms = (t1 - t0) / 1e6 */
+    PyObject *span = PyNumber_Subtract(t1, t0);
+    if (span == NULL)
+        return -1;
+    PyObject *million = PyFloat_FromDouble(1e6);
+    ms = million == NULL ? NULL : PyNumber_TrueDivide(span, million);
+    Py_XDECREF(million);
+    Py_DECREF(span);
+    if (ms == NULL)
+        return -1;
+    int graph_true = PyObject_IsTrue(graph);
+    if (graph_true < 0)
+        goto done;
+    if (graph_ms != Py_None && graph_true) { /* as the report: SGLang's graph flag decides */
+        PyObject *got = list_for(launch, phase);
+        PyObject *lead = got == NULL ? NULL : PyNumber_Subtract(ms, graph_ms);
+        int err = lead == NULL ? -1 : PyList_Append(got, lead);
+        Py_XDECREF(lead);
+        if (err < 0)
+            goto done;
+    }
+    if ((bucket = token_bucket(ntok)) == NULL)
+        goto done;
+    if ((key = PyTuple_Pack(5, phase, mode, bs, graph, bucket)) == NULL)
+        goto done;
+    int known = PySet_Contains(seen, key);
+    if (known < 0)
+        goto done;
+    int first = !known && PySet_GET_SIZE(seen) < max_shapes;
+    if (first && PySet_Add(seen, key) < 0)
+        goto done;
+    PyObject *items = list_for(window, phase);
+    if (items == NULL)
+        goto done;
+    if ((item = PyTuple_Pack(5, ms, graph, reason, key, first ? Py_True : Py_False)) == NULL ||
+        PyList_Append(items, item) < 0)
+        goto done;
+    int is_verify = PyUnicode_Check(phase) ? PyUnicode_CompareWithASCIIString(phase, "verify") == 0 : 0;
+    if (is_verify) {
+        if (accept != Py_None && PyList_Append(accepts, accept) < 0)
+            goto done;
+    }
+    else if (!first && PyUnicode_Check(phase) && PyUnicode_CompareWithASCIIString(phase, "decode") == 0) {
+        PyObject *q = PyObject_GetItem(decode, graph);
+        PyObject *r = q == NULL ? NULL : PyObject_CallMethodOneArg(q, s_append, ms);
+        Py_XDECREF(q);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    rc = 0;
+done:
+    Py_XDECREF(ms);
+    Py_XDECREF(bucket);
+    Py_XDECREF(key);
+    Py_XDECREF(item);
+    return rc;
+}
+
+/* summary_add(rows, phases_at, seen, max_shapes, window, launch, accepts, decode): Summary.add over
+   the phases of each row (the drain's rows, their phases at index ``phases_at``): the same
+   arithmetic, the same containers changed in the same order. It runs on the drain thread for every
+   phase the server runs. */
+static PyObject *
+hot_summary_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "summary_add(rows, phases_at, seen, max_shapes, window, launch, accepts, decode)");
+        return NULL;
+    }
+    PyObject *seen = args[2], *window = args[4], *launch = args[5], *accepts = args[6], *decode = args[7];
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t max_shapes = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PySet_Check(seen) || !PyDict_Check(window) || !PyDict_Check(launch) || !PyList_Check(accepts)) {
+        PyErr_SetString(PyExc_TypeError, "summary_add: a set, two dicts and a list");
+        return NULL;
+    }
+    PyObject *rows = PySequence_Fast(args[0], "summary_add: the rows are a sequence");
+    if (rows == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(rows); i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) <= at || !PyTuple_Check(PyTuple_GET_ITEM(row, at))) {
+            PyErr_SetString(PyExc_ValueError, "sgl-probe: a step row without its phases");
+            Py_DECREF(rows);
+            return NULL;
+        }
+        PyObject *phases = PyTuple_GET_ITEM(row, at);
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(phases); j++) {
+            if (summary_phase(PyTuple_GET_ITEM(phases, j), seen, max_shapes, window, launch, accepts, decode) < 0) {
+                Py_DECREF(rows);
+                return NULL;
+            }
+        }
+    }
+    Py_DECREF(rows);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
 #ifdef SGL_PROBE_SECTION_TIMES
     {"section_times", hot_section_times, METH_NOARGS, "{section: (ns, calls)}: the benchmark-only build's timers."},
@@ -2031,6 +2191,7 @@ static PyMethodDef module_methods[] = {
     {"cpu_start", (PyCFunction)(void (*)(void))cpu_start, METH_FASTCALL, "CpuTimer.start(now_ns) -> now_ns"},
     {"cpu_stop", (PyCFunction)(void (*)(void))cpu_stop, METH_FASTCALL, "CpuTimer.stop(token, now_ns) -> now_ns"},
     {"take_host", (PyCFunction)(void (*)(void))hot_take_host, METH_FASTCALL, "drain.take_ready's loop, CPU timer"},
+    {"summary_add", (PyCFunction)(void (*)(void))hot_summary_add, METH_FASTCALL, "Summary.add over the rows' phases"},
     {NULL},
 };
 

@@ -13,15 +13,13 @@ import logging
 import os
 import threading
 import time
-from itertools import chain
-from operator import itemgetter
 from typing import Any, Optional
 
 from sgl_probe import metrics_setup, sinks
 from sgl_probe.contract import ENV_SPAN
 from sgl_probe.drain import take_ready
 from sgl_probe.exporter_process import ProcessSink
-from sgl_probe.resolved import PHASES, ResolvedStep, from_row
+from sgl_probe.resolved import ResolvedStep, from_row
 from sgl_probe.sampling import StepSampling
 from sgl_probe.summary import Summary
 
@@ -100,7 +98,7 @@ class Pipeline:
         self.cfg = cfg
         self.run_id = run_id
         self.ident = ident
-        self.summary = Summary(cfg.summary_s, ident)
+        self.summary = Summary(cfg.summary_s, ident, getattr(recorder, "c", None))
         self.sampling = StepSampling(run_id, ident)
         self.sink: Any = None
         if exporting(cfg):
@@ -163,7 +161,7 @@ class Pipeline:
     def observe_rows(self, rows) -> None:
         """:meth:`observe` for steps as the drain resolves them (rows, see :mod:`sgl_probe.drain`).
         The summary takes every phase of them at once: it has no per-step state."""
-        self.summary.add(chain.from_iterable(map(itemgetter(PHASES), rows)))
+        self.summary.add_rows(rows)
         if self.metrics is not None:
             for row in rows:
                 self.metrics.observe_step(from_row(row))

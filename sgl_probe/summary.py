@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Iterable, Optional
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Iterable, Optional
 
 from sgl_probe.contract import PHASES, RANKS
+from sgl_probe.resolved import PHASES as PHASES_AT
 from sgl_probe.resolved import ResolvedPhase
 from sgl_probe.stats import VERDICT_STATISTIC, Verdict, evaluate, is_warmup, median, percentile
 
@@ -34,8 +37,11 @@ _MS, _GRAPH, _REASON, _SHAPE, _FIRST = range(5)
 
 
 class Summary:
-    def __init__(self, every_s: float, ident: dict) -> None:
+    def __init__(self, every_s: float, ident: dict, fast: Any = None) -> None:
+        """``fast``: the C hot path module (:mod:`sgl_probe.hotpath`), whose ``summary_add`` does
+        :meth:`add_rows` in C; None: Python."""
         self.every_ns = int(every_s * 1e9)
+        self._fast_add = getattr(fast, "summary_add", None)
         self.ident = ident
         self._window: dict[str, list[tuple]] = {}
         self._accept: list[float] = []
@@ -47,6 +53,18 @@ class Summary:
             True: collections.deque(maxlen=DECODE_HISTORY), False: collections.deque(maxlen=DECODE_HISTORY)}
         self._last = time.monotonic_ns()
         self.last_verdict = None
+
+    def add_rows(self, rows: list) -> None:
+        """:meth:`add` for the phases of steps as the drain resolves them (rows, see
+        :mod:`sgl_probe.drain`); in C with the C hot path (the same work, for every phase the
+        server runs)."""
+        if self.every_ns <= 0:
+            return
+        if self._fast_add is not None:
+            self._fast_add(rows, PHASES_AT, self._seen, MAX_SHAPES, self._window, self._launch, self._accept,
+                           self._decode)
+        else:
+            self.add(chain.from_iterable(map(itemgetter(PHASES_AT), rows)))
 
     def add(self, phases: Iterable[ResolvedPhase]) -> None:
         """The resolved phases of one step."""

@@ -693,3 +693,61 @@ def test_the_c_drain_resolves_cpu_timer_steps_as_the_python_loop(hot, monkeypatc
     n, rows = got[True]
     assert n == len(rows) == 23 and {row[7] for row in rows} == {"cpu"}
     assert any(row[9] for row in rows) and any(ph[12] for row in rows for ph in row[8])  # errors' texts
+
+
+def _summary_rows(seed: int, n: int) -> list:
+    """Drain rows (resolved.from_row's order) of every kind the summary tells apart: decode with and
+    without graphs, verify with and without an accept length, draft, extend with token buckets,
+    graph launch leads, reasons, ints beyond a long long, odd token counts."""
+    import random
+
+    rnd = random.Random(seed)
+    rows = []
+    for i in range(n):
+        phases = []
+        for _ in range(rnd.choice((1, 1, 2, 3))):
+            phase = rnd.choice(("decode", "decode", "verify", "draft", "extend", "draft_extend"))
+            graph = rnd.random() < 0.6
+            t0 = rnd.randrange(10**18, 2 * 10**18)
+            t1 = t0 + rnd.randrange(0, 40_000_000)
+            ntok = rnd.choice((1, 2, 7, 8, 9, 1000, 0, -3, None, 2**70, 3.0))
+            phases.append((phase, t0, t1, graph, rnd.choice(("DECODE", "EXTEND", "TARGET_VERIFY")),
+                           rnd.choice((1, 8, 16)), ntok, 0.01, "t", rnd.choice((None, 1.5, 3)),
+                           rnd.choice((None, "host", "prev")), None if graph else rnd.choice(("disabled", None)),
+                           None, rnd.choice((None, 0.25, 12.0))))
+        rows.append((i, 0, 1, "DECODE", 1, 1, 0.1, "cuda", tuple(phases), None))
+    return rows
+
+
+def test_the_c_summary_adds_as_the_python_one(hot):
+    """The drain's per-phase accounting for the summary line in C changes the same state the same
+    way (shapes seen, the window's items, launch leads, accept lengths, the decode history), and
+    the line it prints is the same; the shape cap holds."""
+    from sgl_probe import summary as summary_mod
+    from sgl_probe.summary import Summary
+
+    def state(s):
+        return (s._seen, {k: list(v) for k, v in s._window.items()}, s._launch, s._accept,
+                {k: list(v) for k, v in s._decode.items()})
+
+    for seed, cap in ((1, summary_mod.MAX_SHAPES), (2, 25)):
+        old = summary_mod.MAX_SHAPES
+        summary_mod.MAX_SHAPES = cap
+        try:
+            py, c = Summary(30, {"tp_rank": 0}), Summary(30, {"tp_rank": 0}, hot)
+            assert c._fast_add is not None and py._fast_add is None
+            for chunk in range(6):
+                rows = _summary_rows(seed * 100 + chunk, 80)
+                py.add_rows(rows)
+                c.add_rows(rows if chunk % 2 else tuple(rows))
+            assert state(c) == state(py)
+            assert len(c._seen) <= cap
+            assert c.line() == py.line()
+        finally:
+            summary_mod.MAX_SHAPES = old
+    bad = Summary(30, {"tp_rank": 0}, hot)
+    with pytest.raises(ValueError):
+        bad.add_rows([(0, 0, 1, "DECODE", 1, 1, 0.1, "cuda", (("decode", 0, 1),), None)])
+    off = Summary(0, {"tp_rank": 0}, hot)
+    off.add_rows(_summary_rows(3, 5))
+    assert not off._window

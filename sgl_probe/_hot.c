@@ -31,6 +31,7 @@ static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_D
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
     *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_last_end,
     *s_refresh_anchor, *s_lookup_stream, *s_pop, *s_first_anchor, *s_append;
+static PyObject *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
 static PyObject *int_one, *int_minus_one;
 static PyObject *perf_counter_ns;
 
@@ -2023,6 +2024,181 @@ hot_now_ns(PyObject *mod, PyObject *unused)
     return clock_ns();
 }
 
+/* ---- which steps the drain may take (drain.take_ready's checks) ----------------------------- */
+
+/* A record's attribute: the C record's field directly, a Python record's (the two paths may mix)
+   through getattr (new reference). */
+static PyObject *
+record_get(PyObject *obj, PyTypeObject *type, Py_ssize_t offset, PyObject *name)
+{
+    if (!Py_IS_TYPE(obj, type))
+        return PyObject_GetAttr(obj, name);
+    PyObject *v = *(PyObject **)((char *)obj + offset);
+    if (v == NULL)
+        PyErr_SetObject(PyExc_AttributeError, name);
+    return Py_XNewRef(v);
+}
+
+#define STEP_GET(st, field) record_get((st), &StepRecordType, offsetof(StepRecordObject, field), s_##field)
+#define PHASE_GET(ph, field) record_get((ph), &PhaseRecordType, offsetof(PhaseRecordObject, field), s_##field)
+
+/* drain._timers_done for a timer with ``ready_prefix``: the end tokens of the first n steps' timed
+   phases in record order, asked at once; how many steps have all of theirs completed. */
+static Py_ssize_t
+timers_done(PyObject *steps, Py_ssize_t n, PyObject *prefix)
+{
+    Py_ssize_t result = -1, cap = 64, count = 0;
+    Py_ssize_t *owner = PyMem_Malloc(cap * sizeof(Py_ssize_t));
+    PyObject *ends = PyList_New(0), *it = PyObject_GetIter(steps);
+    if (owner == NULL || ends == NULL || it == NULL) {
+        if (owner == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyIter_Next(it);
+        if (st == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        PyObject *phases = STEP_GET(st, phases);
+        Py_DECREF(st);
+        PyObject *seq = phases == NULL ? NULL : PySequence_Fast(phases, "sgl-probe: a step's phases");
+        Py_XDECREF(phases);
+        if (seq == NULL)
+            goto done;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+            PyObject *end = PHASE_GET(PySequence_Fast_GET_ITEM(seq, j), t_end);
+            if (end == NULL) {
+                Py_DECREF(seq);
+                goto done;
+            }
+            if (end != Py_None) {
+                if (count == cap) {
+                    Py_ssize_t *more = PyMem_Realloc(owner, 2 * cap * sizeof(Py_ssize_t));
+                    if (more == NULL) {
+                        PyErr_NoMemory();
+                        Py_DECREF(end);
+                        Py_DECREF(seq);
+                        goto done;
+                    }
+                    owner = more;
+                    cap *= 2;
+                }
+                owner[count++] = i;
+                if (PyList_Append(ends, end) < 0) {
+                    Py_DECREF(end);
+                    Py_DECREF(seq);
+                    goto done;
+                }
+            }
+            Py_DECREF(end);
+        }
+        Py_DECREF(seq);
+    }
+    PyObject *got = PyObject_CallOneArg(prefix, ends);
+    if (got == NULL)
+        goto done;
+    Py_ssize_t k = PyLong_AsSsize_t(got);
+    Py_DECREF(got);
+    if (k == -1 && PyErr_Occurred())
+        goto done;
+    if (k < 0 || k > count) {
+        PyErr_SetString(PyExc_ValueError, "sgl-probe: ready_prefix answered outside its ends");
+        goto done;
+    }
+    result = k == count ? n : owner[k];
+done:
+    PyMem_Free(owner);
+    Py_XDECREF(ends);
+    Py_XDECREF(it);
+    return result;
+}
+
+/* Whether a step waits for SGLang's accept length: a verify phase without one and without an
+   error. 1 waits, 0 not, -1 error. */
+static int
+awaits_accept(PyObject *st)
+{
+    PyObject *phases = STEP_GET(st, phases);
+    PyObject *seq = phases == NULL ? NULL : PySequence_Fast(phases, "sgl-probe: a step's phases");
+    Py_XDECREF(phases);
+    if (seq == NULL)
+        return -1;
+    int waits = 0;
+    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq) && !waits; j++) {
+        PyObject *ph = PySequence_Fast_GET_ITEM(seq, j);
+        PyObject *phase = PHASE_GET(ph, phase);
+        int verify = phase == NULL ? -1 : PyObject_RichCompareBool(phase, s_verify, Py_EQ);
+        Py_XDECREF(phase);
+        if (verify > 0) {
+            PyObject *accept = PHASE_GET(ph, accept_length);
+            PyObject *error = accept == NULL || accept != Py_None ? NULL : PHASE_GET(ph, error);
+            if (accept == NULL || (accept == Py_None && error == NULL))
+                verify = -1;
+            else
+                waits = accept == Py_None && error == Py_None;
+            Py_XDECREF(accept);
+            Py_XDECREF(error);
+        }
+        if (verify < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return waits;
+}
+
+/* ready_steps(prefix, steps, n, wait_from) -> how many of the first n steps drain.take_ready may
+   take (not at shutdown): with ``prefix`` (the CUDA timer's ready_prefix; None for a host-clock
+   timer) only steps whose timers all completed, then up to the first step ending after
+   ``wait_from`` that still waits for an accept length. The same checks as take_ready's Python,
+   for every step the server runs. (``prefix`` first: the timers bind it with functools.partial.) */
+static PyObject *
+hot_ready_steps(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "ready_steps(prefix, steps, n, wait_from)");
+        return NULL;
+    }
+    PyObject *prefix = args[0], *steps = args[1], *wait_from = args[3];
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (prefix != Py_None && n > 0 && (n = timers_done(steps, n, prefix)) < 0)
+        return NULL;
+    PyObject *it = PyObject_GetIter(steps);
+    if (it == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyIter_Next(it);
+        if (st == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(it);
+                return NULL;
+            }
+            break;
+        }
+        PyObject *host1 = STEP_GET(st, host1);
+        int old = host1 == NULL ? -1 : PyObject_RichCompareBool(host1, wait_from, Py_LE);
+        Py_XDECREF(host1);
+        int waits = old != 0 ? 0 : awaits_accept(st);
+        Py_DECREF(st);
+        if (old < 0 || waits < 0) {
+            Py_DECREF(it);
+            return NULL;
+        }
+        if (waits) {
+            n = i;
+            break;
+        }
+    }
+    Py_DECREF(it);
+    return PyLong_FromSsize_t(n);
+}
+
 /* ---- the summary's per-phase accounting (summary.Summary.add) -------------------------------- */
 
 /* ``container[key]``, a list made and stored where it is missing (borrowed). */
@@ -2192,6 +2368,7 @@ static PyMethodDef module_methods[] = {
     {"cpu_stop", (PyCFunction)(void (*)(void))cpu_stop, METH_FASTCALL, "CpuTimer.stop(token, now_ns) -> now_ns"},
     {"take_host", (PyCFunction)(void (*)(void))hot_take_host, METH_FASTCALL, "drain.take_ready's loop, CPU timer"},
     {"summary_add", (PyCFunction)(void (*)(void))hot_summary_add, METH_FASTCALL, "Summary.add over the rows' phases"},
+    {"ready_steps", (PyCFunction)(void (*)(void))hot_ready_steps, METH_FASTCALL, "drain.take_ready's checks"},
     {NULL},
 };
 
@@ -2260,6 +2437,11 @@ PyInit__hot(void)
     INTERN(s_pop, "_pop");
     INTERN(s_first_anchor, "_first_anchor");
     INTERN(s_append, "append");
+    INTERN(s_phases, "phases");
+    INTERN(s_host1, "host1");
+    INTERN(s_accept_length, "accept_length");
+    INTERN(s_error, "error");
+    INTERN(s_phase, "phase");
     if ((int_zero = PyLong_FromLong(0)) == NULL || (int_one = PyLong_FromLong(1)) == NULL || (int_minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;
     PyObject *time_mod = PyImport_ImportModule("time");

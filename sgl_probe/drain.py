@@ -130,6 +130,22 @@ def _drop(st: StepRecord, exc: BaseException) -> None:
     log.debug("sgl-probe: dropping step %d: %r", st.index, exc)
 
 
+def ready_steps(steps: collections.deque, n: int, timer: Any, now_ns: int) -> int:
+    """How many of the first ``n`` steps may be taken before shutdown: those whose timers all
+    completed, up to the first one that still waits (up to :data:`ACCEPT_WAIT_NS`) for SGLang's
+    accept length."""
+    if not getattr(timer, "host_clock", False):
+        n = _timers_done(steps, n, timer)
+    wait_from = now_ns - ACCEPT_WAIT_NS
+    for i, st in zip(range(n), steps):
+        if st.host1 <= wait_from:
+            continue
+        for ph in st.phases:  # a plain loop: this runs for every step
+            if ph.phase == "verify" and ph.accept_length is None and ph.error is None:
+                return i
+    return n
+
+
 def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list) -> int:
     """Move up to ``limit`` steps off the front of ``steps`` into ``out`` as rows, stopping at
     the first one not :func:`step_ready` (``final``: take them all). Every step taken has its
@@ -143,18 +159,8 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
         return 0
     host = getattr(timer, "host_clock", False)
     if not final:
-        if not host:
-            n = _timers_done(steps, n, timer)
-        wait_from = now_ns - ACCEPT_WAIT_NS
-        for i, st in zip(range(n), steps):
-            if st.host1 <= wait_from:
-                continue
-            for ph in st.phases:  # a plain loop: this runs for every step
-                if ph.phase == "verify" and ph.accept_length is None and ph.error is None:
-                    n = i
-                    break
-            if n == i:
-                break
+        ready = getattr(timer, "ready_steps", None)  # the same checks in C (sgl_probe._hot.ready_steps)
+        n = ready(steps, n, now_ns - ACCEPT_WAIT_NS) if ready is not None else ready_steps(steps, n, timer, now_ns)
     take = getattr(timer, "take_rows", None)
     # The C drain (sgl_probe._hot) first: the same loop, for the steps the C wrappers recorded.
     taken = take(steps, n, out, error_text, _drop) if take is not None else 0

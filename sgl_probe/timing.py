@@ -33,6 +33,7 @@ refreshed every 100 ms, when the stream is found idle: the two clocks drifted ap
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -59,11 +60,16 @@ class CpuTimer:
     kind = "cpu"
     host_clock = True
 
+    #: With the C hot path: ``drain.take_ready``'s checks in C, ``(steps, n, wait_from) -> n``
+    #: (``sgl_probe._hot.ready_steps``); None: take_ready's Python loop.
+    ready_steps: Any = None
+
     def __init__(self, fast: Any = None) -> None:
         self._offset = self.offset = time.time_ns() - perf_counter_ns()
         self._fast = fast
         if fast is not None:  # the same two identities in C (sgl_probe.hotpath)
             self.start, self.stop = fast.cpu_start, fast.cpu_stop  # type: ignore[method-assign]
+            self.ready_steps = functools.partial(fast.ready_steps, None)  # always ready: no timers to ask
 
     def take_rows(self, steps: Any, n: int, out: list, error_text: Any, on_drop: Any) -> int:
         """With the C hot path: ``drain.take_ready``'s loop in C (see ``CudaTimer.take_rows``)."""
@@ -269,12 +275,15 @@ class CudaTimer:
             runtime = _runtime_entry_points(self._runtime_failed) if self.hot_runtime_calls else None
             self._c = fast.CudaFast(self, vars(self), runtime)
             self.start, self.stop = self._c.start, self._c.stop  # type: ignore[method-assign]
+            self.ready_steps = functools.partial(fast.ready_steps, self.ready_prefix)
 
     #: With the C hot path, the phase end's capture check and event record call the CUDA runtime
     #: directly, keeping the GIL (``sgl_probe._hot.CudaFast``); benchmarks switch it off (on the
     #: class, before the timer is made) to measure what that saves.
     hot_runtime_calls = True
     _c: Any = None
+    #: As CpuTimer.ready_steps (completion asked through ready_prefix).
+    ready_steps: Any = None
 
     @property
     def hot_calls(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import socket
+from operator import itemgetter
 from typing import Any
 
 from sgl_probe.resolved import PHASES
@@ -51,6 +52,8 @@ def decode(data: bytes) -> tuple[str, Any]:
     return kind, payload
 
 
+_phases_of = itemgetter(PHASES)
+
 #: Steps per message before the size check (a decode step with one phase pickles to ~100 bytes).
 CHUNK_STEPS = 128
 
@@ -67,7 +70,7 @@ def encode_steps(steps: list, kept_slow: list) -> list[tuple[bytes, int]]:
 def _encode_chunk(steps: list, kept_slow: list, out: list) -> None:
     data = encode(STEPS, (steps, kept_slow))
     if len(data) <= MAX_MESSAGE or len(steps) == 1:
-        out.append((data, len(steps) + sum(len(st[PHASES]) for st in steps)))
+        out.append((data, len(steps) + sum(map(len, map(_phases_of, steps)))))
         return
     half = len(steps) // 2
     _encode_chunk(steps[:half], kept_slow[:half], out)

@@ -751,3 +751,58 @@ def test_the_c_summary_adds_as_the_python_one(hot):
     off = Summary(0, {"tp_rank": 0}, hot)
     off.add_rows(_summary_rows(3, 5))
     assert not off._window
+
+
+def test_the_c_ready_checks_take_the_steps_the_python_ones_take(hot):
+    """drain.take_ready's checks before its loop (timers completed, then no verify still waiting
+    for its accept length unless it is older than the wait) in C give the same count as the
+    Python ones, over C and Python records alike, for the CUDA timer (ready_prefix) and a
+    host-clock one."""
+    import collections
+    import random
+
+    from sgl_probe import drain
+    from sgl_probe.readers import Facts
+
+    class Timer:
+        host_clock = False
+
+        def __init__(self):
+            self.asked = []
+
+        def ready_prefix(self, ends):
+            self.asked.append(list(ends))
+            return next((i for i, e in enumerate(ends) if e[2]), len(ends))
+
+    class HostTimer:
+        host_clock = True
+
+    rnd = random.Random(7)
+    now = 10**13
+    for trial in range(300):
+        steps = collections.deque()
+        for i in range(rnd.randrange(0, 12)):
+            c = rnd.random() < 0.5
+            Step = hot.StepRecord if c else recorder.StepRecord
+            Phase = hot.PhaseRecord if c else recorder.PhaseRecord
+            st = Step(i, Facts("step", "DECODE", 1, 1), 0)
+            st.host1 = now - rnd.choice((0, 10, drain.ACCEPT_WAIT_NS, drain.ACCEPT_WAIT_NS + 1, 3 * drain.ACCEPT_WAIT_NS))
+            for j in range(rnd.choice((0, 1, 1, 2, 3))):
+                ph = Phase(Facts(rnd.choice(("decode", "verify", "draft")), "DECODE", 1, 1), "t", 0, 0)
+                ph.t_end = None if rnd.random() < 0.2 else ("e", (i, j), rnd.random() < 0.08)
+                ph.accept_length = rnd.choice((None, 2))
+                ph.error = rnd.choice((None, None, None, KeyError("x")))
+                st.phases.append(ph)
+            steps.append(st)
+        n = rnd.randrange(0, len(steps) + 1)
+        for timer in (Timer(), HostTimer()):
+            prefix = getattr(timer, "ready_prefix", None)
+            want = drain.ready_steps(steps, n, timer, now)
+            asked = list(getattr(timer, "asked", []))
+            got = hot.ready_steps(prefix, steps, n, now - drain.ACCEPT_WAIT_NS)
+            assert got == want, (trial, n)
+            if prefix is not None and n:
+                assert timer.asked[-1] == asked[-1]  # the same ends, in the same order
+    with pytest.raises(ValueError):
+        hot.ready_steps(lambda ends: len(ends) + 1, collections.deque([steps[0]] if steps else []) or
+                        collections.deque([recorder.StepRecord(0, Facts("step", "DECODE", 1, 1), 0)]), 1, now)

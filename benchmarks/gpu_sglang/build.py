@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-only", action="store_true", help="only rebuild the sgl-probe wheel")
     ap.add_argument("--ref", help="also carry the wheel of this git ref (probe_ref/), measured beside it")
     ap.add_argument("--section-times", action="store_true",
-                    help="this checkout's wheel with the C hot path's section timers (the pause shim's self time splits them)")
+                    help="the wheels with the C hot path's section timers (the pause shim's self time splits them)")
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         build_models(out / "models")
     wheel = build_probe_wheel(out / "probe", section_times=args.section_times)
     if args.ref:
-        build_probe_wheel(out / "probe_ref", args.ref)
+        build_probe_wheel(out / "probe_ref", args.ref, section_times=args.section_times)
     else:
         shutil.rmtree(out / "probe_ref", ignore_errors=True)
     size = travelling_bytes(out)

@@ -362,9 +362,9 @@ def _breakdown(script: str, steps: int, extra_env=None) -> dict:
 
 def _checkout(rev: str, into: str) -> str:
     """This script as of ``rev``, with the probe of that revision beside it."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
-    return str(Path(into) / "benchmarks" / "export_cpu.py")
+    from gpu_common import checkout
+
+    return str(checkout(rev, into) / "benchmarks" / "export_cpu.py")
 
 
 def compare(args) -> dict:
@@ -402,6 +402,7 @@ def compare(args) -> dict:
     result: dict = {
         "base": args.compare, "steps": args.steps, "repeats": args.repeats, "step_ms": args.step_ms,
         "exports": "otlp-grpc" + (" + trace dir" if args.trace_dir else ""),
+        "hotpath": {v: runs[v][0].get("hotpath") for v in variants if v != "off"},
         "loop_without_probe_cpu_us_per_step": ci(cpu("off")),
         "in_process_cpu_us_per_step": {v: ci(cpu(v)) for v in variants if v != "off"},
         "probe_cpu_us_per_step": {v: ci(share(v)) for v in variants if v != "off"},

@@ -53,6 +53,27 @@ def bootstrap_median_ci(values: Sequence[float], n_boot: int = 2000, seed: int =
     return statistics.median(vals), lo, hi
 
 
+def checkout(rev: str, into: str) -> Path:
+    """git revision ``rev`` of this repository extracted into ``into``, its C hot path compiled in
+    place where it has one (the compiler command ``pip install`` runs), so that a benchmark's
+    ``--compare REV`` runs that revision's probe as a user would have it. Returns ``into``."""
+    import sysconfig
+
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    src = Path(into) / "sgl_probe" / "_hot.c"
+    if src.is_file():
+        sys.path.insert(0, str(root))
+        from hatch_build import compile_command
+
+        out = src.with_name("_hot" + sysconfig.get_config_var("EXT_SUFFIX"))
+        done = subprocess.run(compile_command(src, out), capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{rev}'s C hot path did not build; it runs its Python one\n{done.stderr[-2000:]}", file=sys.stderr)
+    return Path(into)
+
+
 def rotation(variants: Sequence[str], i: int) -> list[str]:
     """Order of the blocks in round ``i``: rotated each round, reversed every other round, so no
     variant keeps a fixed position next to another."""

@@ -13,8 +13,11 @@ export is off (this is the hot path, not the drain or the export: ``export_cpu.p
 
     python3 benchmarks/hotpath_cold.py [--evict-kb 4096] [--steps 400] [--repeats 12] [--json FILE]
                                        [--roles step,phase,graph] [--hotpaths c,python]
+                                       [--compare REV --turns 6 --hotpaths c]
 
 ``--roles``: wrap only these of the table's roles (what each wrapped call costs cold).
+``--compare REV``: this tree against git revision REV (its C hot path compiled), in turns of fresh
+processes, with the paired ratio of their cold costs.
 
 Prints one JSON object: per state, the median wrapped call in µs with the caches cold and warm
 (the same steps without the walk), the probe's cost (recording minus paused, per repeat; median
@@ -159,6 +162,43 @@ def run(evict_kb: int, steps: int, repeats: int, roles: tuple = ROLES, hotpaths:
     return out
 
 
+def compare(args) -> dict:
+    """This tree's probe against git revision ``args.compare``'s (that revision's own copy of this
+    script, its C hot path compiled), run in turns in fresh processes: each turn measures
+    ``--repeats`` blocks per state; the paired ratio is new / base of the cold probe cost per turn."""
+    import json
+    import subprocess
+    import tempfile
+
+    from gpu_common import checkout, rotation
+
+    def turn(script: str, out: str) -> dict:
+        cmd = [sys.executable, script, "--evict-kb", str(args.evict_kb), "--steps", str(args.steps), "--repeats",
+               str(args.repeats), "--roles", args.roles, "--hotpaths", args.hotpaths, "--json", out]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
+        return json.loads(Path(out).read_text())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        scripts = {"new": __file__, "base": str(checkout(args.compare, tmp) / "benchmarks" / "hotpath_cold.py")}
+        runs: dict = {"new": [], "base": []}
+        for i in range(args.turns):
+            for side in rotation(("new", "base"), i):
+                runs[side].append(turn(scripts[side], os.path.join(tmp, f"{side}{i}.json")))
+
+    def cost(side: str, state: str) -> list:
+        return [r[state]["probe_us"] for r in runs[side]]
+
+    def ci(vals: list) -> dict:
+        med, lo, hi = bootstrap_median_ci(vals)
+        return {"median": med, "ci95": [lo, hi]}
+
+    return {"base": args.compare, "turns": args.turns, "steps": args.steps, "repeats_per_turn": args.repeats,
+            "evict_kb": args.evict_kb, "hotpath": {s: runs[s][0].get("hotpath") for s in runs},
+            "probe_us": {s: {st: ci(cost(s, st)) for st in ("cold", "warm")} for s in runs},
+            "cold_probe_new_over_base": ci([a / b for a, b in zip(cost("new", "cold"), cost("base", "cold")) if b > 0]),
+            "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--evict-kb", type=int, default=4096, help="objects walked between two steps, KiB")
@@ -168,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hotpaths", default="auto",
                     help="comma-separated SGL_PROBE_HOTPATH values, measured side by side (e.g. c,python)")
     ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--compare", metavar="REV", help="also run the probe of git revision REV, in turns (one hot path)")
+    ap.add_argument("--turns", type=int, default=6, help="with --compare: fresh processes per side")
     args = ap.parse_args(argv)
     roles = tuple(args.roles.split(","))
     if not set(roles) <= set(ROLES) or "step" not in roles:
@@ -177,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if not set(hotpaths) <= set(CHOICES) or len(set(hotpaths)) != len(hotpaths):
         ap.error("--hotpaths: distinct values from " + ", ".join(CHOICES))
+    if args.compare:
+        if len(hotpaths) != 1:
+            ap.error("--compare: one --hotpaths value")
+        print_result(compare(args), args.json)
+        return 0
     print_result(run(args.evict_kb, args.steps, args.repeats, roles, hotpaths), args.json)
     return 0
 

@@ -1517,6 +1517,13 @@ done:
 
 typedef int (*elapsed_time_fn)(float *ms, void *start, void *end);
 
+/* One elapsed time read ahead (read_ahead): the two events (held) and the runtime's answer. */
+typedef struct {
+    PyObject *a, *b;
+    float ms;
+    int err;
+} Ahead;
+
 /* What one take() call reads once. */
 typedef struct {
     PyObject *elapsed;       /* (a, b) -> ms: the thread's reader (CudaTimer._prepared.elapsed or torch's) */
@@ -1525,6 +1532,10 @@ typedef struct {
     PyObject *gpu_event, *host_clock, *error_text;
     long long offset, tolerance;
     int host; /* the CPU timer's tokens: host clock values, nothing to map or release */
+    Ahead *ahead;            /* the pass's elapsed times, read with one release of the GIL */
+    Py_ssize_t n_ahead, next_ahead;
+    PyObject *timer;         /* the CUDA timer (borrowed), whose reader takes over once the runtime refused */
+    PyObject *reader_now;    /* that reader (held), or NULL */
 } TakeCtx;
 
 static int
@@ -1547,6 +1558,15 @@ static int
 elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
 {
     double ms;
+    if (c->direct != NULL && c->next_ahead < c->n_ahead && c->ahead[c->next_ahead].a == a &&
+        c->ahead[c->next_ahead].b == b) {
+        Ahead *x = &c->ahead[c->next_ahead++];
+        if (x->err == 0) {
+            *out = (long long)nearbyint((double)x->ms * 1e6);
+            return 0;
+        }
+        /* refused ahead: asked again below, as without the read-ahead */
+    }
     if (c->direct != NULL) {
         void *ha, *hb;
         if (handle_of(a, s_cuda_event, &ha) < 0 || handle_of(b, s_cuda_event, &hb) < 0)
@@ -1560,12 +1580,33 @@ elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
             Py_BEGIN_ALLOW_THREADS err = c->direct(&fms, ha, hb);
             Py_END_ALLOW_THREADS
         }
-        if (err != 0)
-            goto python; /* the Python reader answers (and gives the runtime up, with its log line) */
+        if (err != 0) {
+            /* The Python reader answers (and gives the runtime up, with its log line); the rest of
+               the pass asks the reader the timer names after that (torch's), as the Python loop
+               does, instead of the runtime and that reader again (a log line each). */
+            c->direct = NULL;
+            PyObject *call[2] = {a, b};
+            PyObject *r = PyObject_Vectorcall(c->elapsed, call, 2, NULL);
+            if (r == NULL)
+                return -1;
+            ms = PyFloat_AsDouble(r);
+            Py_DECREF(r);
+            if (ms == -1.0 && PyErr_Occurred())
+                return -1;
+            PyObject *now = c->timer == NULL ? NULL : PyObject_CallMethod(c->timer, "_c_reader", NULL);
+            if (now != NULL && PyTuple_Check(now) && PyTuple_GET_SIZE(now) > 0) {
+                Py_XSETREF(c->reader_now, Py_NewRef(PyTuple_GET_ITEM(now, 0)));
+                c->elapsed = c->reader_now;
+            }
+            Py_XDECREF(now);
+            if (PyErr_Occurred())
+                return -1;
+            *out = (long long)nearbyint(ms * 1e6);
+            return 0;
+        }
         ms = (double)fms;
     }
     else {
-    python:;
         PyObject *call[2] = {a, b};
         PyObject *r = PyObject_Vectorcall(c->elapsed, call, 2, NULL);
         if (r == NULL)
@@ -1842,6 +1883,10 @@ take_ctx(CudaFastObject *f, TakeCtx *c, PyObject *const *args, PyObject *error_t
     c->host_clock = PyTuple_GET_ITEM(kinds, 1);
     c->error_text = error_text;
     c->host = 0;
+    c->ahead = NULL;
+    c->n_ahead = c->next_ahead = 0;
+    c->timer = f->timer;
+    c->reader_now = NULL;
     PyObject *v = state_need(f, s__offset);
     if (v == NULL || as_ll(v, &c->offset) < 0)
         return -1;
@@ -1849,6 +1894,20 @@ take_ctx(CudaFastObject *f, TakeCtx *c, PyObject *const *args, PyObject *error_t
     int bad = v == NULL || as_ll(v, &c->tolerance) < 0;
     Py_XDECREF(v);
     return bad ? -1 : 0;
+}
+
+/* What a take() call held: the reads ahead and the reader that took over. */
+static void
+take_ctx_free(TakeCtx *c)
+{
+    for (Py_ssize_t i = 0; i < c->n_ahead; i++) {
+        Py_DECREF(c->ahead[i].a);
+        Py_DECREF(c->ahead[i].b);
+    }
+    PyMem_Free(c->ahead);
+    c->ahead = NULL;
+    c->n_ahead = c->next_ahead = 0;
+    Py_CLEAR(c->reader_now);
 }
 
 /* interval(start, end, elapsed, elapsed_address, keep_gil, kinds) -> (t0, t1, kind):
@@ -1863,10 +1922,108 @@ fast_interval(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     TakeCtx c;
     long long t0, t1;
     PyObject *kind;
-    if (take_ctx(f, &c, args + 2, Py_None) < 0 || interval_kind(f, &c, args[0], args[1], &t0, &t1, &kind) < 0)
+    if (take_ctx(f, &c, args + 2, Py_None) < 0)
         return NULL;
-    return Py_BuildValue("LLO", t0, t1, kind);
+    PyObject *r = interval_kind(f, &c, args[0], args[1], &t0, &t1, &kind) < 0 ? NULL : Py_BuildValue("LLO", t0, t1, kind);
+    take_ctx_free(&c);
+    return r;
 }
+
+/* Appends the pair (a, b) to read ahead, with its events' handles; 0 stop collecting (no error
+   set: the pair is read when it comes, as without the read-ahead), -1 out of memory. */
+static int
+ahead_add(TakeCtx *c, Py_ssize_t *cap, void ***handles, PyObject *a, PyObject *b)
+{
+    void *ha, *hb;
+    if (handle_of(a, s_cuda_event, &ha) < 0 || handle_of(b, s_cuda_event, &hb) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (c->n_ahead == *cap) {
+        Py_ssize_t more = *cap ? 2 * *cap : 32;
+        Ahead *x = PyMem_Realloc(c->ahead, more * sizeof(Ahead));
+        if (x != NULL)
+            c->ahead = x;
+        void **h = x == NULL ? NULL : PyMem_Realloc(*handles, 2 * more * sizeof(void *));
+        if (h == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *handles = h;
+        *cap = more;
+    }
+    Ahead *x = &c->ahead[c->n_ahead];
+    x->a = Py_NewRef(a);
+    x->b = Py_NewRef(b);
+    x->err = -1;
+    (*handles)[2 * c->n_ahead] = ha;
+    (*handles)[2 * c->n_ahead + 1] = hb;
+    c->n_ahead++;
+    return 1;
+}
+
+/* The elapsed times the loop over the first n steps will ask for, in the order interval_kind asks
+   (anchor to end; anchor to start where the phase recorded one), read with one release of the GIL
+   instead of one per read: a scheduler thread that takes the GIL at each release makes this
+   thread wait for it again each time, which costs it a wake-up on cold caches. The loop takes each
+   answer when it asks for that pair (elapsed_ns); anything else is read as it comes. */
+static int
+read_ahead(TakeCtx *c, PyObject *steps, Py_ssize_t n)
+{
+    if (c->direct == NULL || c->keep_gil || n <= 0)
+        return 0;
+    Py_ssize_t cap = 0;
+    void **handles = NULL;
+    int go = 1;
+    PyObject *it = PyObject_GetIter(steps);
+    if (it == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n && go > 0; i++) {
+        PyObject *st = PyIter_Next(it);
+        if (st == NULL)
+            break;
+        if (Py_TYPE(st) != &StepRecordType) {
+            Py_DECREF(st);
+            break;
+        }
+        PyObject *phases = ((StepRecordObject *)st)->phases;
+        for (Py_ssize_t j = 0; go > 0 && PyList_Check(phases) && j < PyList_GET_SIZE(phases); j++) {
+            PhaseRecordObject *ph = (PhaseRecordObject *)PyList_GET_ITEM(phases, j);
+            if (Py_TYPE(ph) != &PhaseRecordType || ph->t_end == Py_None)
+                continue;
+            PyObject *end = ph->t_end, *start = ph->t_start;
+            if (!PyTuple_Check(end) || PyTuple_GET_SIZE(end) != 4 || !PyTuple_Check(start) ||
+                PyTuple_GET_SIZE(start) < 2 || !PyTuple_Check(PyTuple_GET_ITEM(end, 3)) ||
+                PyTuple_GET_SIZE(PyTuple_GET_ITEM(end, 3)) != 2) {
+                go = 0;
+                break;
+            }
+            PyObject *anchor_ev = PyTuple_GET_ITEM(PyTuple_GET_ITEM(end, 3), 0);
+            if (anchor_ev != PyTuple_GET_ITEM(end, 0))
+                go = ahead_add(c, &cap, &handles, anchor_ev, PyTuple_GET_ITEM(end, 0));
+            if (go > 0 && PyTuple_GET_SIZE(start) > 2 && PyTuple_GET_ITEM(start, 2) != Py_None)
+                go = ahead_add(c, &cap, &handles, anchor_ev, PyTuple_GET_ITEM(start, 2));
+        }
+        Py_DECREF(st);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        PyMem_Free(handles);
+        return -1;
+    }
+    if (c->n_ahead > 0) {
+        Ahead *x = c->ahead;
+        Py_ssize_t k = c->n_ahead;
+        elapsed_time_fn direct = c->direct;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++)
+            x[i].err = direct(&x[i].ms, handles[2 * i], handles[2 * i + 1]);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(handles);
+    return 0;
+}
+
 
 /* drain.take_ready's loop: pops n steps off ``steps``, appends each one's row to ``out`` and (CUDA
    timer, ``f``) releases its events; a step that cannot be resolved goes to on_drop(step, exc)
@@ -1941,7 +2098,13 @@ fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     TakeCtx c;
     if (take_ctx(f, &c, args + 3, args[7]) < 0)
         return NULL;
-    return take_loop(f, &c, args[0], n, args[2], args[8]);
+    if (read_ahead(&c, args[0], n) < 0) {
+        take_ctx_free(&c);
+        return NULL;
+    }
+    PyObject *r = take_loop(f, &c, args[0], n, args[2], args[8]);
+    take_ctx_free(&c);
+    return r;
 }
 
 /* take_host(steps, n, out, offset, error_text, on_drop): take_loop for the CPU timer (tokens are

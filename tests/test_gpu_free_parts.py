@@ -294,9 +294,12 @@ class _FakeCudart:
         import ctypes
 
         self.calls, self.skew, self.error = 0, 0.0, 0
+        self.on_call = None  # called at every call (tests see when the reads happen)
 
         def elapsed(out, a, b):
             self.calls += 1
+            if self.on_call is not None:
+                self.on_call()
             if self.error:
                 return self.error
             out[0] = ft.handles[b].t - ft.handles[a].t + self.skew

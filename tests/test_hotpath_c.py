@@ -565,7 +565,7 @@ def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monk
         assert len([c for c in rt.calls if c[0] == "record"]) == (1 if "fail_record" in fail else 0)
 
 
-def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool) -> tuple:
+def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: bool = False) -> tuple:
     """Steps recorded by the C wrappers with the CUDA timer over a stand-in GPU (idle at some
     calls, behind at others, a launched graph, a raising phase, a verify), then drained by
     ``drain.take_ready``: in C (``CudaTimer.take_rows``) or by its Python loop; the elapsed times
@@ -586,8 +586,11 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool) -> tuple:
     state = timer._prepared  # as _prepare_thread leaves the drain thread
     state.exchange, state.elapsed, state.done = None, None, True
     rt = None
+    rows: list = []
+    seen: list = []  # how many rows were built at each runtime read
     if runtime:
         rt = _FakeCudart(ft)
+        rt.on_call = lambda: seen.append(len(rows))
         state.elapsed = timer.checked_elapsed(rt)
     if not c_take:
         monkeypatch.setattr(timer, "take_rows", lambda *a: 0)
@@ -624,11 +627,13 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool) -> tuple:
     for ph in rec.awaiting_accept:
         ph.accept_length = 2.0
     ft.gpu_ms = ft.queued_ms + 10  # everything done
-    rows: list = []
     taken = drain.take_ready(rec.steps, timer, 10**13, False, 25, rows)  # two chunks, as the drain does
+    if refuse_second:
+        rt.error = 700  # the runtime refuses from now on: the reads ahead, then the reads again
     taken += drain.take_ready(rec.steps, timer, 10**13, False, 1000, rows)
     busy_due = sum(len(t) > 2 for t in starts)
-    return rows, taken, len(timer._returned), timer._chain[1], timer.elapsed_source, rt and rt.calls, busy_due
+    return (rows, taken, len(timer._returned), timer._chain[1], timer.elapsed_source, rt and rt.calls, busy_due,
+            seen)
 
 
 def test_the_c_drain_resolves_the_same_rows_as_the_python_loop(hot, monkeypatch):
@@ -646,6 +651,22 @@ def test_the_c_drain_resolves_the_same_rows_as_the_python_loop(hot, monkeypatch)
         assert got[4] == ("cuda_runtime" if runtime else "torch")
         if runtime:  # the checks through both readers, then the runtime's function alone, called from C
             assert got[5] == want[5] and got[5] > 16
+            # The first pass checks the runtime's answers against torch's, one read at a time; the
+            # second reads all of its elapsed times ahead, before its first row (one release of
+            # the GIL), where the Python loop reads as it goes.
+            second = [n for n in got[7] if n >= 25]
+            assert len(second) > 30 and set(second) == {25}
+            assert max(want[7]) > 50
+
+
+def test_a_runtime_that_refuses_the_reads_ahead_is_asked_again_then_given_up(hot, monkeypatch, caplog):
+    with caplog.at_level(logging.INFO, logger="sgl_probe"):
+        want = _drained_rows(hot, monkeypatch, c_take=False, runtime=True, refuse_second=True)
+        caplog.clear()
+        got = _drained_rows(hot, monkeypatch, c_take=True, runtime=True, refuse_second=True)
+    assert got[:5] == want[:5] and len(got[0]) == 60 and got[4] == "torch"
+    assert [r.getMessage() for r in caplog.records if "cudaEventElapsedTime" in r.getMessage()] == [
+        "sgl-probe: cudaEventElapsedTime through the CUDA runtime failed (error 700); the drain asks torch from now on"]
 
 
 def test_the_c_drain_leaves_python_made_records_to_the_python_loop(hot, monkeypatch):

@@ -1553,6 +1553,19 @@ floordiv(long long a, long long b)
     return (a % b != 0 && a < 0) ? q - 1 : q;
 }
 
+/* The Python reader's elapsed(a, b) in ms. */
+static int
+reader_ms(TakeCtx *c, PyObject *a, PyObject *b, double *ms)
+{
+    PyObject *call[2] = {a, b};
+    PyObject *r = PyObject_Vectorcall(c->elapsed, call, 2, NULL);
+    if (r == NULL)
+        return -1;
+    *ms = PyFloat_AsDouble(r);
+    Py_DECREF(r);
+    return (*ms == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* round(elapsed(a, b) * 1e6): the GPU time from a to b in ns. */
 static int
 elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
@@ -1585,13 +1598,7 @@ elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
                the pass asks the reader the timer names after that (torch's), as the Python loop
                does, instead of the runtime and that reader again (a log line each). */
             c->direct = NULL;
-            PyObject *call[2] = {a, b};
-            PyObject *r = PyObject_Vectorcall(c->elapsed, call, 2, NULL);
-            if (r == NULL)
-                return -1;
-            ms = PyFloat_AsDouble(r);
-            Py_DECREF(r);
-            if (ms == -1.0 && PyErr_Occurred())
+            if (reader_ms(c, a, b, &ms) < 0)
                 return -1;
             PyObject *now = c->timer == NULL ? NULL : PyObject_CallMethod(c->timer, "_c_reader", NULL);
             if (now != NULL && PyTuple_Check(now) && PyTuple_GET_SIZE(now) > 0) {
@@ -1601,20 +1608,13 @@ elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
             Py_XDECREF(now);
             if (PyErr_Occurred())
                 return -1;
-            *out = (long long)nearbyint(ms * 1e6);
-            return 0;
         }
-        ms = (double)fms;
+        else {
+            ms = (double)fms;
+        }
     }
-    else {
-        PyObject *call[2] = {a, b};
-        PyObject *r = PyObject_Vectorcall(c->elapsed, call, 2, NULL);
-        if (r == NULL)
-            return -1;
-        ms = PyFloat_AsDouble(r);
-        Py_DECREF(r);
-        if (ms == -1.0 && PyErr_Occurred())
-            return -1;
+    else if (reader_ms(c, a, b, &ms) < 0) {
+        return -1;
     }
     *out = (long long)nearbyint(ms * 1e6); /* round half to even, as round() */
     return 0;

@@ -2406,10 +2406,45 @@ token_bucket(PyObject *ntok)
     return PyLong_FromLong(bits);
 }
 
-/* One phase row into the summary's state; see summary_add. */
+/* (t1 - t0) / 1e6 as Python computes it: the exact difference, rounded once to a float, divided.
+   In C where both fit a long long and so does their difference. */
+static PyObject *
+ms_of(PyObject *t0, PyObject *t1)
+{
+    if (PyLong_CheckExact(t0) && PyLong_CheckExact(t1)) {
+        int o0 = 0, o1 = 0;
+        long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
+        if ((a == -1 || b == -1) && PyErr_Occurred())
+            return NULL;
+        long long d;
+        if (!o0 && !o1 && !__builtin_sub_overflow(b, a, &d))
+            return PyFloat_FromDouble((double)d / 1e6);
+    }
+    PyObject *span = PyNumber_Subtract(t1, t0);
+    if (span == NULL)
+        return NULL;
+    PyObject *million = PyFloat_FromDouble(1e6);
+    PyObject *ms = million == NULL ? NULL : PyNumber_TrueDivide(span, million);
+    Py_XDECREF(million);
+    Py_DECREF(span);
+    return ms;
+}
+
+/* Whether ``phase`` is the interned name ``name`` (the drain's rows carry the contract's own
+   strings) or equal to it; -1 error. */
+static int
+phase_is(PyObject *phase, PyObject *name)
+{
+    if (phase == name)
+        return 1;
+    return PyUnicode_Check(phase) ? PyUnicode_Compare(phase, name) == 0 : 0;
+}
+
+/* One phase row into the summary's state; see summary_add. ``decode_append``: the two decode
+   histories' ``append`` (graph, no graph), read once per call. */
 static int
 summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *window, PyObject *launch,
-              PyObject *accepts, PyObject *decode)
+              PyObject *accepts, PyObject *decode, PyObject *const *decode_append)
 {
     if (!PyTuple_Check(ph) || PyTuple_GET_SIZE(ph) != 14) {
         PyErr_SetString(PyExc_ValueError, "sgl-probe: a phase row has 14 fields");
@@ -2419,16 +2454,9 @@ summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *win
     PyObject *graph = PyTuple_GET_ITEM(ph, 3), *mode = PyTuple_GET_ITEM(ph, 4), *bs = PyTuple_GET_ITEM(ph, 5);
     PyObject *ntok = PyTuple_GET_ITEM(ph, 6), *accept = PyTuple_GET_ITEM(ph, 9), *reason = PyTuple_GET_ITEM(ph, 11);
     PyObject *graph_ms = PyTuple_GET_ITEM(ph, 13);
-    PyObject *ms = NULL, *key = NULL, *item = NULL, *bucket = NULL;
+    PyObject *key = NULL, *item = NULL, *bucket = NULL;
     int rc = -1;
-    /* ms = (t1 - t0) / 1e6 */
-    PyObject *span = PyNumber_Subtract(t1, t0);
-    if (span == NULL)
-        return -1;
-    PyObject *million = PyFloat_FromDouble(1e6);
-    ms = million == NULL ? NULL : PyNumber_TrueDivide(span, million);
-    Py_XDECREF(million);
-    Py_DECREF(span);
+    PyObject *ms = ms_of(t0, t1);
     if (ms == NULL)
         return -1;
     int graph_true = PyObject_IsTrue(graph);
@@ -2458,15 +2486,21 @@ summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *win
     if ((item = PyTuple_Pack(5, ms, graph, reason, key, first ? Py_True : Py_False)) == NULL ||
         PyList_Append(items, item) < 0)
         goto done;
-    int is_verify = PyUnicode_Check(phase) ? PyUnicode_CompareWithASCIIString(phase, "verify") == 0 : 0;
-    if (is_verify) {
+    if (phase_is(phase, s_verify)) {
         if (accept != Py_None && PyList_Append(accepts, accept) < 0)
             goto done;
     }
-    else if (!first && PyUnicode_Check(phase) && PyUnicode_CompareWithASCIIString(phase, "decode") == 0) {
-        PyObject *q = PyObject_GetItem(decode, graph);
-        PyObject *r = q == NULL ? NULL : PyObject_CallMethodOneArg(q, s_append, ms);
-        Py_XDECREF(q);
+    else if (!first && phase_is(phase, s_decode)) {
+        /* self._decode[graph]: the histories are keyed by the flag, a bool in the drain's rows */
+        PyObject *r;
+        if (graph == Py_True || graph == Py_False) {
+            r = PyObject_CallOneArg(decode_append[graph == Py_True ? 0 : 1], ms);
+        }
+        else {
+            PyObject *q = PyObject_GetItem(decode, graph);
+            r = q == NULL ? NULL : PyObject_CallMethodOneArg(q, s_append, ms);
+            Py_XDECREF(q);
+        }
         if (r == NULL)
             goto done;
         Py_DECREF(r);
@@ -2500,26 +2534,44 @@ hot_summary_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "summary_add: a set, two dicts and a list");
         return NULL;
     }
+    PyObject *decode_append[2] = {NULL, NULL};
+    for (int g = 0; g < 2; g++) {
+        PyObject *q = PyObject_GetItem(decode, g == 0 ? Py_True : Py_False);
+        decode_append[g] = q == NULL ? NULL : PyObject_GetAttr(q, s_append);
+        Py_XDECREF(q);
+        if (decode_append[g] == NULL) {
+            Py_XDECREF(decode_append[0]);
+            return NULL;
+        }
+    }
     PyObject *rows = PySequence_Fast(args[0], "summary_add: the rows are a sequence");
-    if (rows == NULL)
+    if (rows == NULL) {
+        Py_DECREF(decode_append[0]);
+        Py_DECREF(decode_append[1]);
         return NULL;
+    }
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(rows); i++) {
         PyObject *row = PySequence_Fast_GET_ITEM(rows, i);
         if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) <= at || !PyTuple_Check(PyTuple_GET_ITEM(row, at))) {
             PyErr_SetString(PyExc_ValueError, "sgl-probe: a step row without its phases");
-            Py_DECREF(rows);
-            return NULL;
+            goto fail;
         }
         PyObject *phases = PyTuple_GET_ITEM(row, at);
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(phases); j++) {
-            if (summary_phase(PyTuple_GET_ITEM(phases, j), seen, max_shapes, window, launch, accepts, decode) < 0) {
-                Py_DECREF(rows);
-                return NULL;
-            }
+            if (summary_phase(PyTuple_GET_ITEM(phases, j), seen, max_shapes, window, launch, accepts, decode,
+                              decode_append) < 0)
+                goto fail;
         }
     }
     Py_DECREF(rows);
+    Py_DECREF(decode_append[0]);
+    Py_DECREF(decode_append[1]);
     Py_RETURN_NONE;
+fail:
+    Py_DECREF(rows);
+    Py_DECREF(decode_append[0]);
+    Py_DECREF(decode_append[1]);
+    return NULL;
 }
 
 static PyMethodDef module_methods[] = {

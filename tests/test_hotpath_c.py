@@ -729,7 +729,9 @@ def _summary_rows(seed: int, n: int) -> list:
         for _ in range(rnd.choice((1, 1, 2, 3))):
             phase = rnd.choice(("decode", "decode", "verify", "draft", "extend", "draft_extend"))
             graph = rnd.random() < 0.6
-            t0 = rnd.randrange(10**18, 2 * 10**18)
+            if rnd.random() < 0.05:
+                graph = int(graph)  # not a bool: the histories are still found by it
+            t0 = rnd.randrange(10**18, 2 * 10**18) if rnd.random() < 0.9 else rnd.choice((2**64, -(2**63) - 5))
             t1 = t0 + rnd.randrange(0, 40_000_000)
             ntok = rnd.choice((1, 2, 7, 8, 9, 1000, 0, -3, None, 2**70, 3.0))
             phases.append((phase, t0, t1, graph, rnd.choice(("DECODE", "EXTEND", "TARGET_VERIFY")),

@@ -302,6 +302,22 @@ static PyTypeObject StepRecordType = {
     .tp_members = step_members,
 };
 
+/* A record's attribute: the C record's field directly, a Python record's (the two paths may mix)
+   through getattr (new reference). */
+static PyObject *
+record_get(PyObject *obj, PyTypeObject *type, Py_ssize_t offset, PyObject *name)
+{
+    if (!Py_IS_TYPE(obj, type))
+        return PyObject_GetAttr(obj, name);
+    PyObject *v = *(PyObject **)((char *)obj + offset);
+    if (v == NULL)
+        PyErr_SetObject(PyExc_AttributeError, name);
+    return Py_XNewRef(v);
+}
+
+#define STEP_GET(st, field) record_get((st), &StepRecordType, offsetof(StepRecordObject, field), s_##field)
+#define PHASE_GET(ph, field) record_get((ph), &PhaseRecordType, offsetof(PhaseRecordObject, field), s_##field)
+
 /* ---- the wrappers (Recorder.step_method / Recorder.phase_method) --------------------------- */
 
 typedef struct {
@@ -1828,21 +1844,19 @@ fail:
     return row;
 }
 
-/* CudaTimer.release for every phase of a step: its events back to the pool (through _returned). */
+/* CudaTimer.release for every phase of a step: its events back to the pool (``append``: the
+   timer's _returned.append). */
 static int
-release_step(CudaFastObject *f, StepRecordObject *st)
+release_step(CudaFastObject *f, StepRecordObject *st, PyObject *append)
 {
-    PyObject *returned = state_need(f, s__returned);
-    if (returned == NULL)
-        return -1;
     Py_ssize_t n = PyList_GET_SIZE(st->phases);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ph = PyList_GET_ITEM(st->phases, i);
-        PyObject *start = PyObject_GetAttr(ph, s_t_start);
-        PyObject *end = start == NULL ? NULL : PyObject_GetAttr(ph, s_t_end);
+        PyObject *start = PHASE_GET(ph, t_start);
+        PyObject *end = start == NULL ? NULL : PHASE_GET(ph, t_end);
         int rc = end == NULL ? -1 : 0;
         if (rc == 0 && PyTuple_Check(start) && PyTuple_GET_SIZE(start) > 2 && PyTuple_GET_ITEM(start, 2) != Py_None) {
-            PyObject *r = PyObject_CallMethodOneArg(returned, s_append, PyTuple_GET_ITEM(start, 2));
+            PyObject *r = PyObject_CallOneArg(append, PyTuple_GET_ITEM(start, 2));
             rc = r == NULL ? -1 : 0;
             Py_XDECREF(r);
         }
@@ -1850,7 +1864,7 @@ release_step(CudaFastObject *f, StepRecordObject *st)
             PyObject *anchor = PyTuple_GET_ITEM(end, 3);
             if (!PyTuple_Check(anchor) || PyTuple_GET_SIZE(anchor) < 1 ||
                 PyTuple_GET_ITEM(end, 0) != PyTuple_GET_ITEM(anchor, 0)) {
-                PyObject *r = PyObject_CallMethodOneArg(returned, s_append, PyTuple_GET_ITEM(end, 0));
+                PyObject *r = PyObject_CallOneArg(append, PyTuple_GET_ITEM(end, 0));
                 rc = r == NULL ? -1 : 0;
                 Py_XDECREF(r);
             }
@@ -2036,17 +2050,27 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
         PyErr_SetString(PyExc_TypeError, "take: out is a list");
         return NULL;
     }
+    /* The bound methods this loop calls for every step, read once. */
+    PyObject *popleft = PyObject_GetAttr(steps, s_popleft), *release = NULL, *result = NULL;
+    if (popleft == NULL)
+        return NULL;
+    if (f != NULL) {
+        PyObject *returned = state_need(f, s__returned);
+        if (returned == NULL || (release = PyObject_GetAttr(returned, s_append)) == NULL)
+            goto done;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *st = PyObject_CallMethodNoArgs(steps, s_popleft);
+        PyObject *st = PyObject_CallNoArgs(popleft);
         if (st == NULL)
-            return NULL;
+            goto done;
         if (Py_TYPE(st) != &StepRecordType) {
             PyObject *r = PyObject_CallMethodOneArg(steps, s_appendleft, st);
             Py_DECREF(st);
             if (r == NULL)
-                return NULL;
+                goto done;
             Py_DECREF(r);
-            return PyLong_FromSsize_t(i);
+            result = PyLong_FromSsize_t(i);
+            goto done;
         }
         PyObject *row = resolve_row(f, c, (StepRecordObject *)st);
         int rc = 0;
@@ -2067,19 +2091,23 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
         else { /* a BaseException: released all the same (Python's ``finally``), then raised */
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
-            if (f != NULL && release_step(f, (StepRecordObject *)st) < 0)
+            if (f != NULL && release_step(f, (StepRecordObject *)st, release) < 0)
                 PyErr_Clear();
             PyErr_Restore(type, value, tb);
             Py_DECREF(st);
-            return NULL;
+            goto done;
         }
-        if (f != NULL && release_step(f, (StepRecordObject *)st) < 0)
+        if (f != NULL && release_step(f, (StepRecordObject *)st, release) < 0)
             rc = -1;
         Py_DECREF(st);
         if (rc < 0)
-            return NULL;
+            goto done;
     }
-    return PyLong_FromSsize_t(n);
+    result = PyLong_FromSsize_t(n);
+done:
+    Py_DECREF(popleft);
+    Py_XDECREF(release);
+    return result;
 }
 
 /* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop): take_loop
@@ -2189,21 +2217,6 @@ hot_now_ns(PyObject *mod, PyObject *unused)
 
 /* ---- which steps the drain may take (drain.take_ready's checks) ----------------------------- */
 
-/* A record's attribute: the C record's field directly, a Python record's (the two paths may mix)
-   through getattr (new reference). */
-static PyObject *
-record_get(PyObject *obj, PyTypeObject *type, Py_ssize_t offset, PyObject *name)
-{
-    if (!Py_IS_TYPE(obj, type))
-        return PyObject_GetAttr(obj, name);
-    PyObject *v = *(PyObject **)((char *)obj + offset);
-    if (v == NULL)
-        PyErr_SetObject(PyExc_AttributeError, name);
-    return Py_XNewRef(v);
-}
-
-#define STEP_GET(st, field) record_get((st), &StepRecordType, offsetof(StepRecordObject, field), s_##field)
-#define PHASE_GET(ph, field) record_get((ph), &PhaseRecordType, offsetof(PhaseRecordObject, field), s_##field)
 
 /* drain._timers_done for a timer with ``ready_prefix``: the end tokens of the first n steps' timed
    phases in record order, asked at once; how many steps have all of theirs completed. */

@@ -371,3 +371,55 @@ def test_cpu_server_self_time_takes_each_segment_between_two_flips_by_its_state(
     assert got["recording"]["median"] == pytest.approx(22) and got["recording"]["segments"] == 1
     assert got["recording_minus_paused"] == pytest.approx(16)
     assert got["by_target"] == {"step": {"recording": pytest.approx(22), "paused": pytest.approx(6)}}
+
+
+def test_the_section_build_times_the_c_wrappers_and_the_controller_reports_them(shim, monkeypatch, tmp_path):
+    """``build.py --section-times``: the C hot path compiled with SGL_PROBE_SECTION_TIMES counts each
+    section's ns and calls; the shim's flip carries them (``self_sections``) and the controller
+    reports µs and calls per step; a normal build has no section timers."""
+    import importlib.machinery
+    import logging
+    import sysconfig
+
+    from hatch_build import compile_command
+
+    from sgl_probe import hotpath
+    from sgl_probe.recorder import Recorder
+    from sgl_probe.timing import CpuTimer
+    from tests.test_exact_recorder import FORWARD, STEP, ForwardMode
+
+    if hotpath.load("auto") is None:
+        pytest.skip("no C hot path here (no compiler)")
+    assert not hasattr(hotpath.load("auto"), "section_times")
+    src = Path(__file__).resolve().parents[1] / "sgl_probe" / "_hot.c"
+    out = tmp_path / ("_hot" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cmd = compile_command(src, out)
+    cmd[0:1] = [cmd[0], "-DSGL_PROBE_SECTION_TIMES"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    spec = importlib.util.spec_from_file_location(
+        "sgl_probe._hot", out, loader=importlib.machinery.ExtensionFileLoader("sgl_probe._hot", str(out)))
+    timed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timed)
+    monkeypatch.setitem(sys.modules, "sgl_probe._hot", timed)
+    monkeypatch.setattr(hotpath, "load", lambda choice="auto": timed)
+    rec = Recorder("cpu", 1000, logging.getLogger("sgl_probe.test"), "c")
+    rec.timer = CpuTimer(timed)
+    fwd = rec.phase_method(Hook(FORWARD), lambda w, b: NS(can_run_cuda_graph=True))
+    step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+    batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(4,)))
+    step_hook = Hook(Target("step", (), "m", "S.run_batch", "step"))
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step_hook]), recorder=NS(timer=None)))
+    monkeypatch.setenv("SGL_BENCH_SELF_TIME", "1")
+    control = _load("control")
+    shim._flip(signal.SIGUSR2, None)
+    g0 = control.gc_stats(tmp_path, os.getpid())
+    for _ in range(7):
+        step(None, batch)
+    shim._flip(signal.SIGUSR2, None)
+    got = control.own_time(g0, control.gc_stats(tmp_path, os.getpid()), steps=7)
+    assert len(rec.steps) == 7
+    for name in ("step_enter", "step_read", "step_exit", "phase_enter", "phase_read", "phase_start", "phase_exit"):
+        assert got["sections:" + name] == 1, name
+        assert 0 < got["section:" + name] < 1000, name
+    assert got["section:step_read"] < got["section:step_enter"]
+    assert "sections:stop_record" not in got  # the CPU timer: no CUDA stop

@@ -195,18 +195,13 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
         o0, i0, c0 = before.get(name, (0, 0, 0))
         if calls > c0:
             out["probe_self:" + name] = ((o1 - o0) - (i1 - i0)) / n / 1e3
-    calls_before = (g0 or {}).get("self_timer_calls") or {}
-    for name, (ns1, c1) in ((g1 or {}).get("self_timer_calls") or {}).items():
-        ns0, c0 = calls_before.get(name, (0, 0))
-        if c1 > c0:
-            out["timer_call:" + name] = (ns1 - ns0) / n / 1e3
-            out["timer_calls:" + name] = (c1 - c0) / n
-    sections_before = (g0 or {}).get("self_sections") or {}
-    for name, (ns1, c1) in ((g1 or {}).get("self_sections") or {}).items():
-        ns0, c0 = sections_before.get(name, (0, 0))
-        if c1 > c0:
-            out["section:" + name] = (ns1 - ns0) / n / 1e3
-            out["sections:" + name] = (c1 - c0) / n
+    for field, key in (("self_timer_calls", "timer_call"), ("self_sections", "section")):
+        before = (g0 or {}).get(field) or {}
+        for name, (ns1, c1) in ((g1 or {}).get(field) or {}).items():
+            ns0, c0 = before.get(name, (0, 0))
+            if c1 > c0:
+                out[f"{key}:{name}"] = (ns1 - ns0) / n / 1e3
+                out[f"{key}s:{name}"] = (c1 - c0) / n
     return out
 
 

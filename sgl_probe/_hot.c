@@ -935,9 +935,7 @@ mark_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
                 err = PyObject_SetAttr(ph, s_graph_hook, Py_True);
         }
         else {
-            PyObject *seen = pr != NULL ? Py_XNewRef(pr->launch_ns) : PyObject_GetAttr(ph, s_launch_ns);
-            if (seen == NULL && pr != NULL)
-                PyErr_SetString(PyExc_AttributeError, "launch_ns");
+            PyObject *seen = PHASE_GET(ph, launch_ns);
             int first = seen == NULL ? -1 : PyObject_Not(seen);
             Py_XDECREF(seen);
             int on = first > 0 ? hook_enabled(h) : first;
@@ -1732,14 +1730,28 @@ error_or_none(TakeCtx *c, PyObject *error)
     return PyObject_CallOneArg(c->error_text, error);
 }
 
-/* (a - b) / 1e6 for two host-clock ints. */
+/* (t1 - t0) / 1e6 as Python computes it: the exact difference, rounded once to a float, divided.
+   In C where both fit a long long and so does their difference. */
 static PyObject *
-ms_between(PyObject *a, PyObject *b)
+ms_of(PyObject *t0, PyObject *t1)
 {
-    long long x, y;
-    if (as_ll(a, &x) < 0 || as_ll(b, &y) < 0)
+    if (PyLong_CheckExact(t0) && PyLong_CheckExact(t1)) {
+        int o0 = 0, o1 = 0;
+        long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
+        if ((a == -1 || b == -1) && PyErr_Occurred())
+            return NULL;
+        long long d;
+        if (!o0 && !o1 && !__builtin_sub_overflow(b, a, &d))
+            return PyFloat_FromDouble((double)d / 1e6);
+    }
+    PyObject *span = PyNumber_Subtract(t1, t0);
+    if (span == NULL)
         return NULL;
-    return PyFloat_FromDouble((double)(x - y) / 1e6);
+    PyObject *million = PyFloat_FromDouble(1e6);
+    PyObject *ms = million == NULL ? NULL : PyNumber_TrueDivide(span, million);
+    Py_XDECREF(million);
+    Py_DECREF(span);
+    return ms;
 }
 
 /* drain.resolve_row(st, timer) for this timer. */
@@ -1801,7 +1813,7 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
             graph_ms = Py_NewRef(Py_None);
         }
         PyObject *o_t0 = PyLong_FromLongLong(t0), *o_t1 = PyLong_FromLongLong(t1);
-        PyObject *host_ms = ms_between(ph->host1, ph->host0);
+        PyObject *host_ms = ms_of(ph->host0, ph->host1);
         PyObject *err = error_or_none(c, ph->error);
         PyObject *item = NULL;
         if (graph_ms && o_t0 && o_t1 && host_ms && err)
@@ -1828,7 +1840,7 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
     if (any && hi > w1)
         w1 = hi;
     PyObject *o_w0 = PyLong_FromLongLong(w0), *o_w1 = PyLong_FromLongLong(w1);
-    PyObject *step_ms = ms_between(st->host1, st->host0);
+    PyObject *step_ms = ms_of(st->host0, st->host1);
     PyObject *tuple = PyList_AsTuple(phases);
     PyObject *err = error_or_none(c, st->error);
     if (o_w0 && o_w1 && step_ms && tuple && err)
@@ -2218,6 +2230,16 @@ hot_now_ns(PyObject *mod, PyObject *unused)
 /* ---- which steps the drain may take (drain.take_ready's checks) ----------------------------- */
 
 
+/* A step's phases (C or Python record) as a fast sequence (new reference). */
+static PyObject *
+step_phases(PyObject *st)
+{
+    PyObject *phases = STEP_GET(st, phases);
+    PyObject *seq = phases == NULL ? NULL : PySequence_Fast(phases, "sgl-probe: a step's phases");
+    Py_XDECREF(phases);
+    return seq;
+}
+
 /* drain._timers_done for a timer with ``ready_prefix``: the end tokens of the first n steps' timed
    phases in record order, asked at once; how many steps have all of theirs completed. */
 static Py_ssize_t
@@ -2238,10 +2260,8 @@ timers_done(PyObject *steps, Py_ssize_t n, PyObject *prefix)
                 goto done;
             break;
         }
-        PyObject *phases = STEP_GET(st, phases);
+        PyObject *seq = step_phases(st);
         Py_DECREF(st);
-        PyObject *seq = phases == NULL ? NULL : PySequence_Fast(phases, "sgl-probe: a step's phases");
-        Py_XDECREF(phases);
         if (seq == NULL)
             goto done;
         for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
@@ -2297,9 +2317,7 @@ done:
 static int
 awaits_accept(PyObject *st)
 {
-    PyObject *phases = STEP_GET(st, phases);
-    PyObject *seq = phases == NULL ? NULL : PySequence_Fast(phases, "sgl-probe: a step's phases");
-    Py_XDECREF(phases);
+    PyObject *seq = step_phases(st);
     if (seq == NULL)
         return -1;
     int waits = 0;
@@ -2419,29 +2437,6 @@ token_bucket(PyObject *ntok)
     return PyLong_FromLong(bits);
 }
 
-/* (t1 - t0) / 1e6 as Python computes it: the exact difference, rounded once to a float, divided.
-   In C where both fit a long long and so does their difference. */
-static PyObject *
-ms_of(PyObject *t0, PyObject *t1)
-{
-    if (PyLong_CheckExact(t0) && PyLong_CheckExact(t1)) {
-        int o0 = 0, o1 = 0;
-        long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
-        if ((a == -1 || b == -1) && PyErr_Occurred())
-            return NULL;
-        long long d;
-        if (!o0 && !o1 && !__builtin_sub_overflow(b, a, &d))
-            return PyFloat_FromDouble((double)d / 1e6);
-    }
-    PyObject *span = PyNumber_Subtract(t1, t0);
-    if (span == NULL)
-        return NULL;
-    PyObject *million = PyFloat_FromDouble(1e6);
-    PyObject *ms = million == NULL ? NULL : PyNumber_TrueDivide(span, million);
-    Py_XDECREF(million);
-    Py_DECREF(span);
-    return ms;
-}
 
 /* Whether ``phase`` is the interned name ``name`` (the drain's rows carry the contract's own
    strings) or equal to it; -1 error. */

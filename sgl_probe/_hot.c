@@ -167,6 +167,49 @@ tracked_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+/* The garbage collector and the records. A record lives from its step to the drain pass that
+   resolves it (about a second), so a tracked one survives the young collections, is scanned by
+   each, and ends up in the oldest generation, where it counts toward the next full collection of
+   the whole server's heap. The C wrappers' records hold only strings, numbers, None, bools, the
+   timer's tokens and their phases (never a cycle), so they start untracked: the collector neither
+   scans nor promotes them. One that is given anything else (an exception, whose traceback may
+   lead back to it; any attribute set from Python to something other than an atom) is tracked
+   from then on, its step and that step's phases list with it. Records made from Python
+   (``PhaseRecord(...)``) are tracked as any object. */
+
+/* What can never lead back to a record: None, a bool, an int, a float, a str (exact types). */
+static inline int
+is_atom(PyObject *v)
+{
+    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) ||
+           PyUnicode_CheckExact(v);
+}
+
+static inline void
+gc_track(PyObject *o)
+{
+    if (o != NULL && PyObject_IS_GC(o) && !PyObject_GC_IsTracked(o))
+        PyObject_GC_Track(o);
+}
+
+static void record_track(PyObject *self);
+
+/* A tuple the probe made that holds atoms or untracked tuples only: untracked (what the collector
+   itself does to such a tuple at its first collection, without that collection's scan). */
+static PyObject *
+untrack_atoms(PyObject *t)
+{
+    if (t == NULL || !PyObject_GC_IsTracked(t))
+        return t;
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(t); i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(t, i);
+        if (!is_atom(v) && !(PyTuple_CheckExact(v) && !PyObject_GC_IsTracked(v)))
+            return t;
+    }
+    PyObject_GC_UnTrack(t);
+    return t;
+}
+
 /* The four facts of a reader's result: a tuple of exactly four, as tuple unpacking demands. */
 static int
 unpack_facts(PyObject *facts, PyObject **out)
@@ -181,8 +224,9 @@ unpack_facts(PyObject *facts, PyObject **out)
     return 0;
 }
 
+/* ``track``: 0 for the C wrappers' records (see is_atom). */
 static PyObject *
-phase_record_from(PyObject **fx, PyObject *target, PyObject *host0, PyObject *t_start)
+phase_record_from(PyObject **fx, PyObject *target, PyObject *host0, PyObject *t_start, int track)
 {
     PhaseRecordObject *ph = PyObject_GC_New(PhaseRecordObject, &PhaseRecordType);
     if (ph == NULL)
@@ -202,7 +246,8 @@ phase_record_from(PyObject **fx, PyObject *target, PyObject *host0, PyObject *t_
     ph->no_graph_reason = Py_NewRef(Py_None);
     ph->error = Py_NewRef(Py_None);
     ph->accept_length = Py_NewRef(Py_None);
-    PyObject_GC_Track((PyObject *)ph);
+    if (track)
+        PyObject_GC_Track((PyObject *)ph);
     return (PyObject *)ph;
 }
 
@@ -212,15 +257,17 @@ phase_record_make(PyObject *facts, PyObject *target, PyObject *host0, PyObject *
     PyObject *fx[4];
     if (unpack_facts(facts, fx) < 0)
         return NULL;
-    return phase_record_from(fx, target, host0, t_start);
+    return phase_record_from(fx, target, host0, t_start, 1);
 }
 
 static PyObject *
-step_record_from(PyObject *index, PyObject **fx, PyObject *host0)
+step_record_from(PyObject *index, PyObject **fx, PyObject *host0, int track)
 {
     PyObject *phases = PyList_New(0);
     if (phases == NULL)
         return NULL;
+    if (!track)
+        PyObject_GC_UnTrack(phases);
     StepRecordObject *st = PyObject_GC_New(StepRecordObject, &StepRecordType);
     if (st == NULL) {
         Py_DECREF(phases);
@@ -234,7 +281,8 @@ step_record_from(PyObject *index, PyObject **fx, PyObject *host0)
     st->host1 = Py_NewRef(host0);
     st->phases = phases;
     st->error = Py_NewRef(Py_None);
-    PyObject_GC_Track((PyObject *)st);
+    if (track)
+        PyObject_GC_Track((PyObject *)st);
     return (PyObject *)st;
 }
 
@@ -244,7 +292,7 @@ step_record_make(PyObject *index, PyObject *facts, PyObject *host0)
     PyObject *fx[4];
     if (unpack_facts(facts, fx) < 0)
         return NULL;
-    return step_record_from(index, fx, host0);
+    return step_record_from(index, fx, host0, 1);
 }
 
 static PyObject *
@@ -267,6 +315,25 @@ step_record_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return step_record_make(index, facts, host0);
 }
 
+/* Tracked from now on (see is_atom), a step with its phases list. */
+static void
+record_track(PyObject *self)
+{
+    gc_track(self);
+    if (Py_IS_TYPE(self, &StepRecordType))
+        gc_track(((StepRecordObject *)self)->phases);
+}
+
+static int
+record_setattro(PyObject *self, PyObject *name, PyObject *value)
+{
+    if (PyObject_GenericSetAttr(self, name, value) < 0)
+        return -1;
+    if (value != NULL && !is_atom(value))
+        record_track(self);
+    return 0;
+}
+
 #define PM(name) {#name, T_OBJECT_EX, offsetof(PhaseRecordObject, name), 0, NULL}
 static PyMemberDef phase_members[] = {
     PM(phase), PM(mode), PM(batch_size), PM(num_tokens), PM(host0), PM(host1), PM(t_start), PM(t_end),
@@ -287,6 +354,7 @@ static PyTypeObject PhaseRecordType = {
     .tp_traverse = record_traverse,
     .tp_clear = record_clear,
     .tp_members = phase_members,
+    .tp_setattro = record_setattro,
 };
 
 static PyTypeObject StepRecordType = {
@@ -300,6 +368,7 @@ static PyTypeObject StepRecordType = {
     .tp_traverse = record_traverse,
     .tp_clear = record_clear,
     .tp_members = step_members,
+    .tp_setattro = record_setattro,
 };
 
 /* A record's attribute: the C record's field directly, a Python record's (the two paths may mix)
@@ -622,6 +691,17 @@ step_finish(HookObject *h, StepRecordObject *st)
     Py_SETREF(st->host1, now);
     if (PyList_GET_SIZE(st->phases) == 0 && st->error == Py_None)
         return 0; /* nothing timed (e.g. an idle batch): not worth a span */
+    /* A phase the Python wrappers made, or one holding an exception, may lead back to this step
+       (a Python frame in its traceback): then the step is tracked too (see is_atom). */
+    if (!PyObject_GC_IsTracked((PyObject *)st)) {
+        for (Py_ssize_t i = 0, n = PyList_GET_SIZE(st->phases); i < n; i++) {
+            PyObject *ph = PyList_GET_ITEM(st->phases, i);
+            if (!Py_IS_TYPE(ph, &PhaseRecordType) || PyObject_GC_IsTracked(ph)) {
+                record_track((PyObject *)st);
+                break;
+            }
+        }
+    }
     Py_ssize_t queued = PyObject_Size(h->queue);
     if (queued < 0)
         return -1;
@@ -690,7 +770,7 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
         SECTION_ADD(step_read, sec_read);
         PyObject *now = now_ns(h);
         if (now != NULL)
-            st = (StepRecordObject *)step_record_from(index, fx, now);
+            st = (StepRecordObject *)step_record_from(index, fx, now, 0);
         Py_XDECREF(now);
         Py_DECREF(index);
         facts_clear(fx);
@@ -704,8 +784,10 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (result == NULL) {
         fetch_exception(&type, &value, &tb);
-        if (value != NULL)
+        if (value != NULL) {
             Py_SETREF(st->error, Py_NewRef(value));
+            record_track((PyObject *)st);
+        }
     }
     cur_set(cur, 0, Py_None);
     cur_set(cur, 1, Py_None);
@@ -856,7 +938,7 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
                 PyObject *token = timer_call(h, s_start, &now, 1);
                 SECTION_ADD(phase_start, sec_part);
                 if (token != NULL) {
-                    ph = (PhaseRecordObject *)phase_record_from(fx, h->name, now, token);
+                    ph = (PhaseRecordObject *)phase_record_from(fx, h->name, now, token, 0);
                     Py_DECREF(token);
                 }
                 Py_DECREF(now);
@@ -1263,7 +1345,12 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     PyObject *last = state_get(f, s_last_end);
     if (last == NULL)
         return NULL;
-    return busy ? PyTuple_Pack(3, now, last, Py_None) : PyTuple_Pack(2, now, last);
+    /* Untracked (see is_atom): a token holds the clock, the previous end token, torch's event and
+       stream objects and an anchor, none of which can lead back to a token. */
+    PyObject *token = busy ? PyTuple_Pack(3, now, last, Py_None) : PyTuple_Pack(2, now, last);
+    if (token != NULL)
+        PyObject_GC_UnTrack(token);
+    return token;
 }
 
 /* A runtime call failed: clear the runtime's last error (torch checks it after its own launches,
@@ -1515,6 +1602,8 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     }
     else {
         end = PyTuple_Pack(4, ev, stream, now, anchor);
+        if (end != NULL)
+            PyObject_GC_UnTrack(end); /* as fast_start's token */
         if (end != NULL && PyDict_SetItem(f->state, s_last_end, end) < 0)
             Py_CLEAR(end);
         SECTION_ADD(stop_tail, sec_ev);
@@ -1820,6 +1909,7 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
             item = PyTuple_Pack(14, ph->phase, o_t0, o_t1, graph ? Py_True : Py_False, ph->mode, ph->batch_size,
                                 ph->num_tokens, host_ms, ph->target, ph->accept_length, kind,
                                 graph ? Py_None : ph->no_graph_reason, err, graph_ms);
+        untrack_atoms(item);
         Py_XDECREF(graph_ms);
         Py_XDECREF(o_t0);
         Py_XDECREF(o_t1);
@@ -1841,11 +1931,12 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
         w1 = hi;
     PyObject *o_w0 = PyLong_FromLongLong(w0), *o_w1 = PyLong_FromLongLong(w1);
     PyObject *step_ms = ms_of(st->host0, st->host1);
-    PyObject *tuple = PyList_AsTuple(phases);
+    PyObject *tuple = untrack_atoms(PyList_AsTuple(phases));
     PyObject *err = error_or_none(c, st->error);
     if (o_w0 && o_w1 && step_ms && tuple && err)
         row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms,
                            c->host ? s_cpu : s_cuda, tuple, err);
+    untrack_atoms(row);
     Py_XDECREF(o_w0);
     Py_XDECREF(o_w1);
     Py_XDECREF(step_ms);

@@ -210,6 +210,60 @@ untrack_atoms(PyObject *t)
     return t;
 }
 
+/* Free lists of the two records. Allocating a collector-aware object counts toward the next young
+   collection until it is freed, tracked or not: a second's records waiting for the drain (~1,000
+   on a launch-bound server) would start collections of their own, which promote SGLang's young
+   objects toward the full collection. A record the drain is done with is kept here, its fields
+   cleared, and the next step's record is made from it: in a steady run nothing is allocated. A
+   step keeps its emptied phases list when nothing else holds it. Under the GIL, as every
+   allocation. */
+#define FREE_MAX 2048
+static PyObject *free_records[2][FREE_MAX];
+static int n_free[2];
+
+static void
+record_dealloc(PyObject *self)
+{
+    int kind = Py_IS_TYPE(self, &StepRecordType);
+    PyObject_GC_UnTrack(self);
+    PyObject *keep = NULL;
+    if (kind) {
+        /* The phases list, emptied, stays with the step where this step was its only holder. */
+        StepRecordObject *st = (StepRecordObject *)self;
+        if (st->phases != NULL && PyList_CheckExact(st->phases) && Py_REFCNT(st->phases) == 1 &&
+            !PyObject_GC_IsTracked(st->phases)) {
+            keep = st->phases;
+            st->phases = NULL;
+        }
+    }
+    record_clear(self);
+    if (keep != NULL && PyList_SetSlice(keep, 0, PyList_GET_SIZE(keep), NULL) < 0) {
+        PyErr_Clear();
+        Py_CLEAR(keep);
+    }
+    if (n_free[kind] < FREE_MAX && (keep != NULL || !kind)) {
+        if (kind)
+            ((StepRecordObject *)self)->phases = keep;
+        free_records[kind][n_free[kind]++] = self;
+        return;
+    }
+    Py_XDECREF(keep);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* A record from the free list (fields NULL, but a step's kept phases list) or a new one. */
+static PyObject *
+record_alloc(PyTypeObject *type)
+{
+    int kind = type == &StepRecordType;
+    if (n_free[kind] > 0)
+        return PyObject_Init(free_records[kind][--n_free[kind]], type);
+    PyObject *o = PyObject_GC_New(PyObject, type);
+    if (o != NULL)
+        memset(FIELDS(o), 0, type->tp_basicsize - sizeof(PyObject));
+    return o;
+}
+
 /* The four facts of a reader's result: a tuple of exactly four, as tuple unpacking demands. */
 static int
 unpack_facts(PyObject *facts, PyObject **out)
@@ -228,7 +282,7 @@ unpack_facts(PyObject *facts, PyObject **out)
 static PyObject *
 phase_record_from(PyObject **fx, PyObject *target, PyObject *host0, PyObject *t_start, int track)
 {
-    PhaseRecordObject *ph = PyObject_GC_New(PhaseRecordObject, &PhaseRecordType);
+    PhaseRecordObject *ph = (PhaseRecordObject *)record_alloc(&PhaseRecordType);
     if (ph == NULL)
         return NULL;
     ph->phase = Py_NewRef(fx[0]);
@@ -263,16 +317,18 @@ phase_record_make(PyObject *facts, PyObject *target, PyObject *host0, PyObject *
 static PyObject *
 step_record_from(PyObject *index, PyObject **fx, PyObject *host0, int track)
 {
-    PyObject *phases = PyList_New(0);
-    if (phases == NULL)
+    StepRecordObject *st = (StepRecordObject *)record_alloc(&StepRecordType);
+    if (st == NULL)
         return NULL;
-    if (!track)
-        PyObject_GC_UnTrack(phases);
-    StepRecordObject *st = PyObject_GC_New(StepRecordObject, &StepRecordType);
-    if (st == NULL) {
-        Py_DECREF(phases);
+    PyObject *phases = st->phases; /* an emptied list kept by the free list, or none */
+    if (phases == NULL && (phases = PyList_New(0)) == NULL) {
+        Py_DECREF(st);
         return NULL;
     }
+    if (track)
+        gc_track(phases);
+    else
+        PyObject_GC_UnTrack(phases);
     st->index = Py_NewRef(index);
     st->mode = Py_NewRef(fx[1]);
     st->batch_size = Py_NewRef(fx[2]);
@@ -350,7 +406,7 @@ static PyTypeObject PhaseRecordType = {
     .tp_basicsize = sizeof(PhaseRecordObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = phase_record_new,
-    .tp_dealloc = tracked_dealloc,
+    .tp_dealloc = record_dealloc,
     .tp_traverse = record_traverse,
     .tp_clear = record_clear,
     .tp_members = phase_members,
@@ -364,7 +420,7 @@ static PyTypeObject StepRecordType = {
     .tp_basicsize = sizeof(StepRecordObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = step_record_new,
-    .tp_dealloc = tracked_dealloc,
+    .tp_dealloc = record_dealloc,
     .tp_traverse = record_traverse,
     .tp_clear = record_clear,
     .tp_members = step_members,

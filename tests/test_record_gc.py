@@ -159,3 +159,92 @@ def test_a_step_whose_error_leads_back_to_it_is_collected():
     del st
     gc.collect()
     assert gone[0]() is None
+
+
+def test_records_waiting_for_the_drain_do_not_count_toward_a_collection():
+    """The C records come from a free list the drain fills, so a second of pending steps
+    allocates nothing the collector counts; the Python records each count."""
+    c_module()
+    grown = {}
+    for hot in ("python", "c"):
+        rec, step, fwd = _recorder(hot)
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):  # the first passes fill the free list
+                for _ in range(200):
+                    step(None, BATCH, lambda: fwd(None, BATCH))
+                drain.take_ready(rec.steps, rec.timer, 0, False, 10**6, [])
+            before = gc.get_count()[0]
+            for _ in range(200):
+                step(None, BATCH, lambda: fwd(None, BATCH))
+            grown[hot] = (gc.get_count()[0] - before) / 200
+        finally:
+            gc.enable()
+    assert grown["python"] >= 2  # step, phase (and the phases list, where CPython's own free list is empty)
+    assert grown["c"] < 0.1, grown
+
+
+def test_a_record_made_again_from_the_free_list_is_a_fresh_one():
+    """Steps that raised, replayed graphs and waited for an accept length, drained; then plain
+    steps from their memory read exactly as the Python hot path's fresh records."""
+    c_module()
+    from tests.test_exact_recorder import VERIFY_V2
+    from tests.test_hotpath_c import PHASE_FIELDS, STEP_FIELDS
+
+    def record(hot: str, first: bool) -> list:
+        rec, step, fwd = _recorder(hot)
+        clock = [iter(range(1_000, 10**9, 1_000))]
+        import sgl_probe.recorder as recorder_module
+
+        recorder_module.perf_counter_ns, saved = (lambda: next(clock[0])), recorder_module.perf_counter_ns
+        try:
+            verify = rec.phase_method(Hook(VERIFY_V2), lambda worker, batch: NS(can_run_cuda_graph=True))
+            mark = rec.graph_method(Hook(_graph_target()), lambda obj: None)
+            if first:
+                def busy():
+                    fwd(None, BATCH)
+                    mark(None)
+                    verify(None, BATCH)
+                    fwd(None, BATCH, fail=True)
+
+                for _ in range(5):
+                    try:
+                        step(None, BATCH, busy)
+                    except KeyError:
+                        pass
+                for ph in rec.awaiting_accept:
+                    ph.accept_length = 3.0
+                rec.awaiting_accept.clear()
+                drain.take_ready(rec.steps, rec.timer, 0, True, 10**6, [])
+                clock[0] = iter(range(1_000, 10**9, 1_000))
+            for _ in range(5):
+                step(None, BATCH, lambda: fwd(None, BATCH))
+            return [({f: getattr(st, f) for f in STEP_FIELDS},
+                     [{f: getattr(ph, f) for f in PHASE_FIELDS} for ph in st.phases]) for st in rec.steps]
+        finally:
+            recorder_module.perf_counter_ns = saved
+
+    fresh = record("python", False)
+    assert [s for s, _ in fresh][0]["index"] == 1
+    again = record("c", True)
+    for (s1, p1), (s2, p2) in zip(fresh, again):
+        s2["index"] -= 5  # the busy steps came first
+        assert s1 == s2 and p1 == p2
+
+
+def _graph_target():
+    from tests.test_exact_recorder import _target
+
+    return _target(role="graph")
+
+
+def test_a_phases_list_held_elsewhere_is_left_whole_and_not_reused():
+    rec, step, fwd = _recorder(c_module() and "c")
+    step(None, BATCH, lambda: fwd(None, BATCH))
+    st = rec.steps.popleft()
+    held = st.phases
+    (ph,) = held
+    del st
+    step(None, BATCH, lambda: fwd(None, BATCH))
+    assert rec.steps[0].phases is not held and held == [ph] and ph.phase == "decode"

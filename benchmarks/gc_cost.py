@@ -9,7 +9,8 @@ probe through its own target table, CPU timer, export off) over a heap of ``--he
 than a server's: full collections come sooner, each scanning less, so their cost per step is
 about the same and a run of minutes shows them), with
 ``--churn`` short-lived objects of the loop's own per step, the drain run every ``--drain-every``
-steps; the collector's time by generation from ``gc.callbacks``. Each run is a fresh process,
+steps; the collector's time by generation from ``gc.callbacks``, and the loop's time per step (the
+probe's whole cost in it: wrappers, drain, collections). Each run is a fresh process,
 recording or paused (the step hooks off, as SGLang runs with the probe paused). The probe's share
 is recording minus paused, per turn.
 
@@ -17,7 +18,7 @@ is recording minus paused, per turn.
                                   [--compare REV]
 
 ``--compare REV``: the same runs with git revision REV's probe (its C hot path compiled), in
-turns, with the paired ratio of the probe's GC time per step, this tree over REV.
+turns, with the paired ratios of the probe's GC time and of its share of the loop, this tree over REV.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heap", type=int, default=200_000, help="long-lived tracked objects (the server's heap)")
     ap.add_argument("--steps", type=int, default=300_000)
     ap.add_argument("--churn", type=int, default=30, help="the loop's own objects per step")
-    ap.add_argument("--churn-life", type=int, default=4, help="steps each of them lives")
+    ap.add_argument("--churn-life", type=int, default=50, help="steps each of them lives")
     ap.add_argument("--drain-every", type=int, default=500, help="steps between two drain passes")
     ap.add_argument("--turns", type=int, default=5, help="fresh processes per side and state")
     ap.add_argument("--compare", metavar="REV", help="also run git revision REV's probe, in turns")
@@ -146,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         med, lo, hi = bootstrap_median_ci(vals)
         return {"median": med, "ci95": [lo, hi]}
 
-    probe_gc = {side: [r["gc_us_per_step"] - p["gc_us_per_step"]
-                       for r, p in zip(runs[(side, "recording")], runs[(side, "paused")])] for side in roots}
+    def probe_share(side: str, key: str) -> list:  # recording minus paused, per turn
+        return [r[key] - p[key] for r, p in zip(runs[(side, "recording")], runs[(side, "paused")])]
+
+    probe_gc = {side: probe_share(side, "gc_us_per_step") for side in roots}
+    probe_loop = {side: probe_share(side, "loop_us_per_step") for side in roots}
     out: dict = {"heap": args.heap, "steps": args.steps, "churn": args.churn, "churn_life": args.churn_life,
                  "drain_every": args.drain_every, "turns": args.turns, "python": sys.version.split()[0]}
     if args.compare:
@@ -160,15 +164,17 @@ def main(argv: list[str] | None = None) -> int:
             "gc_us_per_step": {"recording": ci([r["gc_us_per_step"] for r in rec]),
                                "paused": ci([r["gc_us_per_step"] for r in paused])},
             "probe_gc_us_per_step": ci(probe_gc[side]),
+            "probe_loop_us_per_step": ci(probe_loop[side]),
             "full_collections_per_100k_steps": {
                 "recording": ci([r["collections_per_100k_steps_by_generation"][2] for r in rec]),
                 "paused": ci([r["collections_per_100k_steps_by_generation"][2] for r in paused])},
             "runs": rec + paused,
         }
     if args.compare:
-        pairs = [a / b for a, b in zip(probe_gc["new"], probe_gc["base"]) if b > 0]
-        if pairs:
-            out["probe_gc_new_over_base"] = ci(pairs)
+        for key, got in (("probe_gc_new_over_base", probe_gc), ("probe_loop_new_over_base", probe_loop)):
+            pairs = [a / b for a, b in zip(got["new"], got["base"]) if b > 0]
+            if pairs:
+                out[key] = ci(pairs)
     print_result(out, args.json)
     return 0
 

@@ -423,3 +423,54 @@ def test_the_section_build_times_the_c_wrappers_and_the_controller_reports_them(
         assert 0 < got["section:" + name] < 1000, name
     assert got["section:step_read"] < got["section:step_enter"]
     assert "sections:stop_record" not in got  # the CPU timer: no CUDA stop
+
+
+def test_self_time_times_the_drains_stretches_between_two_gil_hand_overs(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_SELF_TIME=1 also times each stretch the drain thread runs between two yields (its
+    short sleeps) or a pass's ends, wall and CPU, and the controller reports them per step."""
+    sys.path.insert(0, str(PAUSE.parent))
+    try:
+        from sched_shape import install, table
+    finally:
+        sys.path.remove(str(PAUSE.parent))
+    from tests.workload import Batch, ForwardMode
+
+    for key, val in {"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
+                     "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": "1000000"}.items():
+        monkeypatch.setenv(key, val)
+    for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(key, raising=False)
+    from sgl_probe import config, export
+    from sgl_probe.activate import Probe
+
+    Scheduler = install("probe_pause_drain_workload", lambda: None)
+    probe = Probe(config.load(), targets=table("probe_pause_drain_workload"))
+    probe.instrumentor.instrument()
+    try:
+        monkeypatch.setattr(activate, "_PROBE", probe)
+        monkeypatch.setattr(export, "YIELD_AFTER_NS", 0)  # yield after every chunk that leaves steps behind
+        monkeypatch.setattr(export, "time", export.time)  # the shim replaces it; put it back after
+        monkeypatch.setenv("SGL_BENCH_SELF_TIME", "1")
+        control = _load("control")
+        sched, batch = Scheduler(), Batch(ForwardMode.DECODE, 4)
+        shim._flip(signal.SIGUSR2, None)  # paused, timing on
+        shim._flip(signal.SIGUSR2, None)  # recording
+        g0 = control.gc_stats(tmp_path, os.getpid())
+        steps = 5 * export.CHUNK + 3
+        for _ in range(steps):
+            sched.run_batch(batch)
+        assert probe.pipeline.drain() == steps
+        shim._flip(signal.SIGUSR2, None)
+        g1 = control.gc_stats(tmp_path, os.getpid())
+        hold, hold_cpu = g1["self_drain"]["hold"], g1["self_drain"]["hold_cpu"]
+        assert hold[1] == hold_cpu[1] == 6  # five yields split the pass into six stretches
+        assert 0 < hold_cpu[0] <= hold[0] * 1.5 + 1e6
+        for name, (ns, n) in g1["self_drain"].items():
+            if name.startswith("hold_over_"):
+                assert n <= hold[1] and ns <= hold[0]
+        got = control.own_time(g0, g1)
+        assert got["drains:hold"] == 6 / steps and got["drain:hold"] == hold[0] / steps / 1e3
+    finally:
+        probe.instrumentor.uninstrument()
+        if probe.pipeline is not None:
+            probe.pipeline.shutdown()

@@ -181,7 +181,9 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
     each wrapper called in between, ``timer_call:<name>`` µs and ``timer_calls:<name>`` calls per
     step for each of the CUDA timer's driver-facing calls (part of ``probe_self``), and
     ``section:<name>`` / ``sections:<name>`` likewise for the C wrappers' sections where the
-    extension was built with them (``SGL_PROBE_SECTION_TIMES``). Steps as the
+    extension was built with them (``SGL_PROBE_SECTION_TIMES``), and ``drain:<name>`` /
+    ``drains:<name>`` for the drain thread's stretches between two GIL hand-overs (``hold``,
+    ``hold_cpu``, ``hold_over_<N>us``: µs and stretches per step). Steps as the
     shim counted them, else ``steps`` (e.g. from the token rate); None without totals or steps."""
     a, b = (g0 or {}).get("self_ns"), (g1 or {}).get("self_ns")
     if not a or not b:
@@ -195,7 +197,7 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
         o0, i0, c0 = before.get(name, (0, 0, 0))
         if calls > c0:
             out["probe_self:" + name] = ((o1 - o0) - (i1 - i0)) / n / 1e3
-    for field, key in (("self_timer_calls", "timer_call"), ("self_sections", "section")):
+    for field, key in (("self_timer_calls", "timer_call"), ("self_sections", "section"), ("self_drain", "drain")):
         before = (g0 or {}).get(field) or {}
         for name, (ns1, c1) in ((g1 or {}).get(field) or {}).items():
             ns0, c0 = before.get(name, (0, 0))

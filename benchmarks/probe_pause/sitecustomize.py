@@ -48,7 +48,13 @@ timer's driver-facing calls (capture check, stream look-up, stream and event que
 records, event creation) where the scheduler thread makes them (``self_timer_calls``: name ->
 [ns, calls]), which splits the probe's own time into its driver calls and its Python. Where the
 C hot path was built with its section timers (``SGL_PROBE_SECTION_TIMES``), the file carries
-them too (``self_sections``: section -> [ns, calls]), which splits the C wrappers' time.
+them too (``self_sections``: section -> [ns, calls]), which splits the C wrappers' time. And the
+drain thread's stretches between two GIL hand-overs (``self_drain``: name -> [ns, stretches]):
+each runs from a pass's start or the drain's yield (its short sleep) to its next yield or the
+pass's end; ``hold`` their wall time, ``hold_cpu`` the drain thread's CPU in them, and
+``hold_over_<N>us`` the wall time of those longer than N µs. A scheduler thread that wants the GIL
+back during a stretch waits for the rest of it (the GIL hand-overs inside a stretch, the
+elapsed-time reads and the link's sends, count into its wall time).
 """
 
 import gc
@@ -69,6 +75,9 @@ _BY = {}
 #: The CUDA timer's driver-facing calls made on the scheduler thread: name -> [ns, calls]. Their
 #: time is part of the wrappers' own time above.
 _CALLS = {}
+#: The drain thread's stretches between two GIL hand-overs: name -> [ns, stretches].
+_DRAIN = {}
+_HOLD_OVER_US = (100, 500, 1000, 2000)
 #: The CudaTimer attributes (set per instance in its __init__) that reach the CUDA driver.
 _TIMER_CALLS = ("_capturing", "_stream_key", "_stream_query", "_record", "_query", "_new")
 
@@ -108,6 +117,7 @@ def _flip(signum, frame):
             _start_events(timer)
             _time_wrappers(probe)
             _time_timer_calls(timer)
+            _time_drain(probe)
             source = getattr(timer, "elapsed_source", None)
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
@@ -116,7 +126,8 @@ def _flip(signum, frame):
                                self_ns=list(_SELF) if _SELF_ON else None,
                                self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None,
                                self_timer_calls={k: list(v) for k, v in _CALLS.items()} if _SELF_ON else None,
-                               self_sections=_sections() if _SELF_ON else None), fh)
+                               self_sections=_sections() if _SELF_ON else None,
+                               self_drain={k: list(v) for k, v in _DRAIN.items()} if _DRAIN_ON else None), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down
@@ -185,6 +196,61 @@ def _time_timer_calls(timer):
         fn = vars(timer).get(name) if hasattr(timer, "__dict__") else None
         if callable(fn):
             setattr(timer, name, _timed_call(fn, _CALLS.setdefault(name, [0, 0]), hot))
+
+
+_DRAIN_ON = []
+
+
+def _time_drain(probe):
+    """Time the drain's stretches (``self_drain``, see the module doc): the pipeline's ``drain``
+    wrapped, and the export module's ``time`` read through a proxy whose ``sleep`` (the drain's
+    yield) ends one stretch and starts the next."""
+    if os.environ.get("SGL_BENCH_SELF_TIME") != "1" or _DRAIN_ON:
+        return
+    pipe = getattr(probe, "pipeline", None)
+    export = sys.modules.get("sgl_probe.export")
+    if pipe is None or export is None:
+        return
+    _DRAIN_ON.append(True)
+    marks = threading.local()  # flush and shutdown drain from other threads
+
+    def begin():
+        marks.t = (time.perf_counter_ns(), time.thread_time_ns())
+
+    def end():
+        t0, c0 = getattr(marks, "t", (None, None))
+        if t0 is None:
+            return
+        wall = time.perf_counter_ns() - t0
+        cpu = time.thread_time_ns() - c0
+        for name, ns in (("hold", wall), ("hold_cpu", cpu),
+                         *(("hold_over_%dus" % n, wall) for n in _HOLD_OVER_US if wall > n * 1000)):
+            acc = _DRAIN.setdefault(name, [0, 0])
+            acc[0] += ns
+            acc[1] += 1
+
+    class _Time:
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds):
+            end()
+            time.sleep(seconds)
+            begin()
+
+    drain = pipe.drain
+
+    def timed(final=False):
+        begin()
+        try:
+            return drain(final)
+        finally:
+            end()
+            marks.t = (None, None)
+
+    export.time = _Time()
+    pipe.drain = timed
 
 
 def _timed_call(fn, acc, hot, clock=time.perf_counter_ns, ident=threading.get_ident):

@@ -37,11 +37,16 @@ static PyObject *perf_counter_ns;
 
 /* Section times, a benchmark-only build (``CC="cc -DSGL_PROBE_SECTION_TIMES"``; the GPU builder's
    ``--section-times``): where the wrappers' own time goes inside a real server, caches as they are
-   there, which no timing layer around them can split. A normal build compiles none of it. */
+   there, which no timing layer around them can split; and the drain thread's C parts (``drain_*``:
+   the ready checks, the reads ahead: collecting them with the GIL, reading without it, getting
+   the GIL back; then per step its pop, its row, its events' release; the summary). A normal build
+   compiles none of it. */
 #ifdef SGL_PROBE_SECTION_TIMES
 #define SECTIONS(X)                                                                                            \
     X(step_enter) X(step_read) X(step_exit) X(phase_enter) X(phase_read) X(phase_start) X(phase_exit)        \
-    X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)
+    X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)                          \
+    X(drain_ready) X(drain_collect) X(drain_reads) X(drain_regain) X(drain_pop) X(drain_resolve)               \
+    X(drain_release) X(drain_summary)
 #define SECTION_ID(name) SEC_##name,
 enum { SECTIONS(SECTION_ID) SEC_N };
 #define SECTION_NAME(name) #name,
@@ -2148,6 +2153,7 @@ read_ahead(TakeCtx *c, PyObject *steps, Py_ssize_t n)
     Py_ssize_t cap = 0;
     void **handles = NULL;
     int go = 1;
+    SECTION_T0(sec);
     PyObject *it = PyObject_GetIter(steps);
     if (it == NULL)
         return -1;
@@ -2184,14 +2190,18 @@ read_ahead(TakeCtx *c, PyObject *steps, Py_ssize_t n)
         PyMem_Free(handles);
         return -1;
     }
+    SECTION_ADD(drain_collect, sec);
     if (c->n_ahead > 0) {
         Ahead *x = c->ahead;
         Py_ssize_t k = c->n_ahead;
         elapsed_time_fn direct = c->direct;
         Py_BEGIN_ALLOW_THREADS
+        SECTION_RESTART(sec);
         for (Py_ssize_t i = 0; i < k; i++)
             x[i].err = direct(&x[i].ms, handles[2 * i], handles[2 * i + 1]);
+        SECTION_ADD(drain_reads, sec); /* only the drain thread runs this section */
         Py_END_ALLOW_THREADS
+        SECTION_ADD(drain_regain, sec);
     }
     PyMem_Free(handles);
     return 0;
@@ -2219,9 +2229,11 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
             goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        SECTION_T0(sec);
         PyObject *st = PyObject_CallNoArgs(popleft);
         if (st == NULL)
             goto done;
+        SECTION_ADD(drain_pop, sec);
         if (Py_TYPE(st) != &StepRecordType) {
             PyObject *r = PyObject_CallMethodOneArg(steps, s_appendleft, st);
             Py_DECREF(st);
@@ -2232,6 +2244,7 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
             goto done;
         }
         PyObject *row = resolve_row(f, c, (StepRecordObject *)st);
+        SECTION_ADD(drain_resolve, sec);
         int rc = 0;
         if (row != NULL) {
             rc = PyList_Append(out, row);
@@ -2259,6 +2272,9 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
         if (f != NULL && release_step(f, (StepRecordObject *)st, release) < 0)
             rc = -1;
         Py_DECREF(st);
+        if (f != NULL) {
+            SECTION_ADD(drain_release, sec);
+        }
         if (rc < 0)
             goto done;
     }
@@ -2497,8 +2513,19 @@ awaits_accept(PyObject *st)
    timer) only steps whose timers all completed, then up to the first step ending after
    ``wait_from`` that still waits for an accept length. The same checks as take_ready's Python,
    for every step the server runs. (``prefix`` first: the timers bind it with functools.partial.) */
+static PyObject *ready_steps_body(PyObject *const *args, Py_ssize_t nargs);
+
 static PyObject *
 hot_ready_steps(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    SECTION_T0(sec);
+    PyObject *r = ready_steps_body(args, nargs);
+    SECTION_ADD(drain_ready, sec);
+    return r;
+}
+
+static PyObject *
+ready_steps_body(PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "ready_steps(prefix, steps, n, wait_from)");
@@ -2673,8 +2700,19 @@ done:
    the phases of each row (the drain's rows, their phases at index ``phases_at``): the same
    arithmetic, the same containers changed in the same order. It runs on the drain thread for every
    phase the server runs. */
+static PyObject *summary_add_body(PyObject *const *args, Py_ssize_t nargs);
+
 static PyObject *
 hot_summary_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    SECTION_T0(sec);
+    PyObject *r = summary_add_body(args, nargs);
+    SECTION_ADD(drain_summary, sec);
+    return r;
+}
+
+static PyObject *
+summary_add_body(PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "summary_add(rows, phases_at, seen, max_shapes, window, launch, accepts, decode)");

@@ -423,6 +423,30 @@ def test_the_section_build_times_the_c_wrappers_and_the_controller_reports_them(
         assert 0 < got["section:" + name] < 1000, name
     assert got["section:step_read"] < got["section:step_enter"]
     assert "sections:stop_record" not in got  # the CPU timer: no CUDA stop
+    # The drain's C parts, per step: the ready checks and the summary once a pass, pop and row
+    # once a step (the CPU timer: no events to read ahead or release).
+    from sgl_probe import drain
+    from sgl_probe.summary import Summary
+
+    g0 = control.gc_stats(tmp_path, os.getpid())
+    rows: list = []
+    assert drain.take_ready(rec.steps, rec.timer, 0, False, 100, rows) == 7
+    Summary(30, {}, timed).add_rows(rows)
+    shim._flip(signal.SIGUSR2, None)
+    got = control.own_time(g0, control.gc_stats(tmp_path, os.getpid()), steps=7)
+    assert got["sections:drain_pop"] == got["sections:drain_resolve"] == 1
+    assert got["sections:drain_ready"] == got["sections:drain_summary"] == 1 / 7
+    assert not any(k.startswith(("sections:drain_release", "sections:drain_reads", "sections:step")) for k in got)
+    # The CUDA timer over a stand-in GPU: a pass's reads ahead (once each: collect, read, regain),
+    # and each step's events released.
+    from tests.test_hotpath_c import _drained_rows
+
+    before = timed.section_times()
+    rows, taken = _drained_rows(timed, monkeypatch, c_take=True, runtime=True)[:2]
+    after = timed.section_times()
+    calls = {k: after[k][1] - before[k][1] for k in after}
+    assert calls["drain_collect"] == calls["drain_reads"] == calls["drain_regain"] >= 1
+    assert calls["drain_release"] == calls["drain_pop"] == taken == len(rows) > 0
 
 
 def test_self_time_times_the_drains_stretches_between_two_gil_hand_overs(shim, monkeypatch, tmp_path):

@@ -185,49 +185,48 @@ def test_records_waiting_for_the_drain_do_not_count_toward_a_collection():
     assert grown["c"] < 0.1, grown
 
 
-def test_a_record_made_again_from_the_free_list_is_a_fresh_one():
+def test_a_record_made_again_from_the_free_list_is_a_fresh_one(monkeypatch):
     """Steps that raised, replayed graphs and waited for an accept length, drained; then plain
     steps from their memory read exactly as the Python hot path's fresh records."""
     c_module()
+    from sgl_probe import recorder as recorder_module
     from tests.test_exact_recorder import VERIFY_V2
     from tests.test_hotpath_c import PHASE_FIELDS, STEP_FIELDS
 
+    clock = [None]
+    monkeypatch.setattr(recorder_module, "perf_counter_ns", lambda: next(clock[0]))
+
     def record(hot: str, first: bool) -> list:
+        clock[0] = iter(range(1_000, 10**9, 1_000))
         rec, step, fwd = _recorder(hot)
-        clock = [iter(range(1_000, 10**9, 1_000))]
-        import sgl_probe.recorder as recorder_module
+        verify = rec.phase_method(Hook(VERIFY_V2), lambda worker, batch: NS(can_run_cuda_graph=True))
+        mark = rec.graph_method(Hook(_graph_target()), lambda obj: None)
+        if first:
+            def busy():
+                fwd(None, BATCH)
+                mark(None)
+                verify(None, BATCH)
+                fwd(None, BATCH, fail=True)
 
-        recorder_module.perf_counter_ns, saved = (lambda: next(clock[0])), recorder_module.perf_counter_ns
-        try:
-            verify = rec.phase_method(Hook(VERIFY_V2), lambda worker, batch: NS(can_run_cuda_graph=True))
-            mark = rec.graph_method(Hook(_graph_target()), lambda obj: None)
-            if first:
-                def busy():
-                    fwd(None, BATCH)
-                    mark(None)
-                    verify(None, BATCH)
-                    fwd(None, BATCH, fail=True)
-
-                for _ in range(5):
-                    try:
-                        step(None, BATCH, busy)
-                    except KeyError:
-                        pass
-                for ph in rec.awaiting_accept:
-                    ph.accept_length = 3.0
-                rec.awaiting_accept.clear()
-                drain.take_ready(rec.steps, rec.timer, 0, True, 10**6, [])
-                clock[0] = iter(range(1_000, 10**9, 1_000))
             for _ in range(5):
-                step(None, BATCH, lambda: fwd(None, BATCH))
-            return [({f: getattr(st, f) for f in STEP_FIELDS},
-                     [{f: getattr(ph, f) for f in PHASE_FIELDS} for ph in st.phases]) for st in rec.steps]
-        finally:
-            recorder_module.perf_counter_ns = saved
+                try:
+                    step(None, BATCH, busy)
+                except KeyError:
+                    pass
+            for ph in rec.awaiting_accept:
+                ph.accept_length = 3.0
+            rec.awaiting_accept.clear()
+            drain.take_ready(rec.steps, rec.timer, 0, True, 10**6, [])
+            clock[0] = iter(range(1_000, 10**9, 1_000))
+        for _ in range(5):
+            step(None, BATCH, lambda: fwd(None, BATCH))
+        return [({f: getattr(st, f) for f in STEP_FIELDS},
+                 [{f: getattr(ph, f) for f in PHASE_FIELDS} for ph in st.phases]) for st in rec.steps]
 
     fresh = record("python", False)
-    assert [s for s, _ in fresh][0]["index"] == 1
+    assert fresh[0][0]["index"] == 1
     again = record("c", True)
+    assert len(again) == len(fresh) == 5
     for (s1, p1), (s2, p2) in zip(fresh, again):
         s2["index"] -= 5  # the busy steps came first
         assert s1 == s2 and p1 == p2

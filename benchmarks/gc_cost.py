@@ -1,18 +1,21 @@
 """What the probe's records cost the garbage collector (CPU machine, no GPU).
 
-A record lives from its step to the drain pass that resolves it (about a second: ~500 steps on
-a launch-bound server). A record the collector tracks is scanned by every young collection in
-that time, survives them, and is moved to the oldest generation; enough of those and CPython runs
-a full collection, which scans the server's whole heap (SGLang, torch: about a million objects)
-on the scheduler thread. This measures it: a scheduler-shaped loop (:mod:`sched_shape`, the real
-probe through its own target table, CPU timer, export off) over a heap of ``--heap`` objects (fewer
-than a server's: full collections come sooner, each scanning less, so their cost per step is
-about the same and a run of minutes shows them), with
-``--churn`` short-lived objects of the loop's own per step, the drain run every ``--drain-every``
-steps; the collector's time by generation from ``gc.callbacks``, and the loop's time per step (the
-probe's whole cost in it: wrappers, drain, collections). Each run is a fresh process,
-recording or paused (the step hooks off, as SGLang runs with the probe paused). The probe's share
-is recording minus paused, per turn.
+A record lives from its step to the drain pass that resolves it (about a second: ~500 steps on a
+launch-bound server), and the summary line's window keeps every call of 30 s. An object the
+collector tracks is scanned by every young collection in that time, survives them, and is moved
+to the oldest generation; enough of those and CPython runs a full collection, which scans the
+server's whole heap (SGLang, torch: about a million objects) on the scheduler thread. Every
+allocation of a collector-aware object also counts toward the next young collection until it is
+freed, and those collections promote SGLang's own young objects too.
+
+This measures it: a scheduler-shaped loop (:mod:`sched_shape`, the real probe through its own
+target table, CPU timer, export off, the summary line on) over a heap of ``--heap`` objects (fewer
+than a server's: full collections come sooner, each scanning less, so their cost per step is about
+the same and a run of minutes shows them), ``--churn`` objects of the loop's own per step living
+``--churn-life`` steps, the drain run every ``--drain-every`` steps; the collector's time by
+generation from ``gc.callbacks``, and the loop's time per step (the probe's whole cost in it:
+wrappers, drain, collections). Each run is a fresh process, recording or paused (the step hooks
+off, as SGLang runs with the probe paused). The probe's share is recording minus paused, per turn.
 
     python3 benchmarks/gc_cost.py [--heap 200000] [--steps 300000] [--turns 5] [--json FILE]
                                   [--compare REV]
@@ -41,7 +44,8 @@ STATES = ("recording", "paused")
 def worker(args) -> dict:
     """One run in this process, with the probe found at ``args.probe_root``."""
     sys.path[:0] = [args.probe_root, str(HERE)]
-    os.environ.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
+    # The summary line on, at its default: its window holds every call of 30 s.
+    os.environ.update({"SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
                        "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
     for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         os.environ.pop(key, None)

@@ -2622,11 +2622,54 @@ phase_is(PyObject *phase, PyObject *name)
     return PyUnicode_Check(phase) ? PyUnicode_Compare(phase, name) == 0 : 0;
 }
 
+/* The shapes of this call's recent phases (new references): a phase whose five shape fields are
+   the very objects of one of them shares its tuple without building, hashing and looking up
+   another (a steady server repeats a few shapes step after step). Each is ``seen``'s own tuple
+   (so not a first call any more), or one ``seen`` had no room for (nor will it: it only grows). */
+#define RECENT_SHAPES 8
+typedef struct {
+    PyObject *shape[RECENT_SHAPES];
+    int n, next;
+} RecentShapes;
+
+static PyObject *
+recent_shape(RecentShapes *r, PyObject *const *fields)
+{
+    for (int i = 0; i < r->n; i++) {
+        PyObject *k = r->shape[i];
+        int same = 1;
+        for (int j = 0; j < 5 && same; j++)
+            same = PyTuple_GET_ITEM(k, j) == fields[j];
+        if (same)
+            return k;
+    }
+    return NULL;
+}
+
+static void
+recent_keep(RecentShapes *r, PyObject *shape)
+{
+    if (r->n < RECENT_SHAPES)
+        r->shape[r->n++] = Py_NewRef(shape);
+    else {
+        Py_SETREF(r->shape[r->next], Py_NewRef(shape));
+        r->next = (r->next + 1) % RECENT_SHAPES;
+    }
+}
+
+static void
+recent_clear(RecentShapes *r)
+{
+    for (int i = 0; i < r->n; i++)
+        Py_DECREF(r->shape[i]);
+    r->n = 0;
+}
+
 /* One phase row into the summary's state; see summary_add. ``decode_append``: the two decode
    histories' ``append`` (graph, no graph), read once per call. */
 static int
 summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *window, PyObject *launch,
-              PyObject *accepts, PyObject *decode, PyObject *const *decode_append)
+              PyObject *accepts, PyObject *decode, PyObject *const *decode_append, RecentShapes *recent)
 {
     if (!PyTuple_Check(ph) || PyTuple_GET_SIZE(ph) != 14) {
         PyErr_SetString(PyExc_ValueError, "sgl-probe: a phase row has 14 fields");
@@ -2636,7 +2679,7 @@ summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *win
     PyObject *graph = PyTuple_GET_ITEM(ph, 3), *mode = PyTuple_GET_ITEM(ph, 4), *bs = PyTuple_GET_ITEM(ph, 5);
     PyObject *ntok = PyTuple_GET_ITEM(ph, 6), *accept = PyTuple_GET_ITEM(ph, 9), *reason = PyTuple_GET_ITEM(ph, 11);
     PyObject *graph_ms = PyTuple_GET_ITEM(ph, 13);
-    PyObject *key = NULL, *item = NULL, *bucket = NULL;
+    PyObject *key = NULL, *bucket = NULL;
     int rc = -1;
     PyObject *ms = ms_of(t0, t1);
     if (ms == NULL)
@@ -2654,20 +2697,44 @@ summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *win
     }
     if ((bucket = token_bucket(ntok)) == NULL)
         goto done;
-    if ((key = PyTuple_Pack(5, phase, mode, bs, graph, bucket)) == NULL)
+    PyObject *fields[5] = {phase, mode, bs, graph, bucket};
+    int first = 0;
+    if ((key = Py_XNewRef(recent_shape(recent, fields))) == NULL) {
+        if ((key = PyTuple_Pack(5, phase, mode, bs, graph, bucket)) == NULL)
+            goto done;
+        PyObject *known = PyDict_GetItemWithError(seen, key); /* borrowed */
+        if (known != NULL)
+            Py_SETREF(key, Py_NewRef(known));
+        else if (PyErr_Occurred())
+            goto done;
+        else if ((first = PyDict_GET_SIZE(seen) < max_shapes) && PyDict_SetItem(seen, key, key) < 0)
+            goto done;
+        recent_keep(recent, key); /* seen's own now, or one it has no room for */
+    }
+    PyObject *cols = PyDict_GetItemWithError(window, phase); /* borrowed */
+    if (cols == NULL) {
+        if (PyErr_Occurred())
+            goto done;
+        PyObject *lists[5] = {NULL, NULL, NULL, NULL, NULL};
+        for (int i = 0; i < 5; i++)
+            if ((lists[i] = PyList_New(0)) == NULL)
+                break;
+        cols = lists[4] == NULL ? NULL : PyTuple_Pack(5, lists[0], lists[1], lists[2], lists[3], lists[4]);
+        for (int i = 0; i < 5; i++)
+            Py_XDECREF(lists[i]);
+        int err = cols == NULL || PyDict_SetItem(window, phase, cols) < 0;
+        Py_XDECREF(cols); /* the window holds it */
+        if (err)
+            goto done;
+    }
+    if (!PyTuple_Check(cols) || PyTuple_GET_SIZE(cols) != 5) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: a summary window is five lists");
         goto done;
-    int known = PySet_Contains(seen, key);
-    if (known < 0)
-        goto done;
-    int first = !known && PySet_GET_SIZE(seen) < max_shapes;
-    if (first && PySet_Add(seen, key) < 0)
-        goto done;
-    PyObject *items = list_for(window, phase);
-    if (items == NULL)
-        goto done;
-    if ((item = PyTuple_Pack(5, ms, graph, reason, key, first ? Py_True : Py_False)) == NULL ||
-        PyList_Append(items, item) < 0)
-        goto done;
+    }
+    PyObject *vals[5] = {ms, graph, reason, key, first ? Py_True : Py_False};
+    for (int i = 0; i < 5; i++)
+        if (PyList_Append(PyTuple_GET_ITEM(cols, i), vals[i]) < 0)
+            goto done;
     if (phase_is(phase, s_verify)) {
         if (accept != Py_None && PyList_Append(accepts, accept) < 0)
             goto done;
@@ -2692,7 +2759,6 @@ done:
     Py_XDECREF(ms);
     Py_XDECREF(bucket);
     Py_XDECREF(key);
-    Py_XDECREF(item);
     return rc;
 }
 
@@ -2723,8 +2789,8 @@ summary_add_body(PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t max_shapes = PyLong_AsSsize_t(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    if (!PySet_Check(seen) || !PyDict_Check(window) || !PyDict_Check(launch) || !PyList_Check(accepts)) {
-        PyErr_SetString(PyExc_TypeError, "summary_add: a set, two dicts and a list");
+    if (!PyDict_Check(seen) || !PyDict_Check(window) || !PyDict_Check(launch) || !PyList_Check(accepts)) {
+        PyErr_SetString(PyExc_TypeError, "summary_add: three dicts and a list");
         return NULL;
     }
     PyObject *decode_append[2] = {NULL, NULL};
@@ -2743,6 +2809,7 @@ summary_add_body(PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(decode_append[1]);
         return NULL;
     }
+    RecentShapes recent = {{NULL}, 0, 0};
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(rows); i++) {
         PyObject *row = PySequence_Fast_GET_ITEM(rows, i);
         if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) <= at || !PyTuple_Check(PyTuple_GET_ITEM(row, at))) {
@@ -2752,15 +2819,17 @@ summary_add_body(PyObject *const *args, Py_ssize_t nargs)
         PyObject *phases = PyTuple_GET_ITEM(row, at);
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(phases); j++) {
             if (summary_phase(PyTuple_GET_ITEM(phases, j), seen, max_shapes, window, launch, accepts, decode,
-                              decode_append) < 0)
+                              decode_append, &recent) < 0)
                 goto fail;
         }
     }
+    recent_clear(&recent);
     Py_DECREF(rows);
     Py_DECREF(decode_append[0]);
     Py_DECREF(decode_append[1]);
     Py_RETURN_NONE;
 fail:
+    recent_clear(&recent);
     Py_DECREF(rows);
     Py_DECREF(decode_append[0]);
     Py_DECREF(decode_append[1]);

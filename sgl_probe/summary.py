@@ -32,7 +32,11 @@ MAX_SHAPES = 4096
 #: Steady decode calls remembered across windows (a spec server decodes plainly only now and then).
 DECODE_HISTORY = 512
 
-# A window item: (ms, graph, no_graph_reason, shape, whether it was the shape's first call)
+# A phase's window: five lists of one entry per call (ms, graph, no_graph_reason, shape, whether it
+# was the shape's first call). Columns, not a tuple per call: a window holds every call of up to
+# 30 s, and a tuple per call would be a collector-tracked object each, starting collections of
+# the server's heap; a float, a shared flag and a shared shape are not (the shapes are the ones
+# kept in ``_seen``).
 _MS, _GRAPH, _REASON, _SHAPE, _FIRST = range(5)
 
 
@@ -43,10 +47,10 @@ class Summary:
         self.every_ns = int(every_s * 1e9)
         self._fast_add = getattr(fast, "summary_add", None)
         self.ident = ident
-        self._window: dict[str, list[tuple]] = {}
+        self._window: dict[str, tuple[list, list, list, list, list]] = {}  # phase -> its columns
         self._accept: list[float] = []
         self._launch: dict[str, list[float]] = {}  # phase -> ms from the call to its graph's launch
-        self._seen: set = set()
+        self._seen: dict = {}  # shape -> the same shape: every call of a shape shares one tuple
         # Survives the window: a spec server may decode plainly only now and then (or never:
         # then the verdict needs `sgl-probe report --baseline`). First calls are kept out.
         self._decode: dict[bool, collections.deque] = {
@@ -82,13 +86,21 @@ class Summary:
                 got.append(ms - graph_ms)
             # sgl_probe.stats.shape_key, inline: this runs for every phase of every step
             key = (phase, mode, bs, graph, (ntok - 1).bit_length() if type(ntok) is int and ntok > 0 else None)
-            first = key not in seen and len(seen) < MAX_SHAPES
-            if first:
-                seen.add(key)
-            items = window.get(phase)
-            if items is None:
-                items = window[phase] = []
-            items.append((ms, graph, reason, key, first))
+            known = seen.get(key)
+            if known is not None:
+                key, first = known, False
+            else:
+                first = len(seen) < MAX_SHAPES
+                if first:
+                    seen[key] = key
+            cols = window.get(phase)
+            if cols is None:
+                cols = window[phase] = ([], [], [], [], [])
+            cols[_MS].append(ms)
+            cols[_GRAPH].append(graph)
+            cols[_REASON].append(reason)
+            cols[_SHAPE].append(key)
+            cols[_FIRST].append(first)
             if phase == "verify":
                 if accept is not None:
                     self._accept.append(accept)
@@ -96,28 +108,28 @@ class Summary:
                 self._decode[graph].append(ms)
 
     # -- the window's steady state ---------------------------------------------------------------
-    def _steady(self) -> dict[str, tuple[list, int]]:
-        """phase -> (steady items, warm-up count) for the current window. A first call is
-        compared with its shape's other calls in the window, else with the phase's other calls
-        of the same graph flag."""
+    def _steady(self) -> dict[str, tuple[list[int], int]]:
+        """phase -> (the indices of its steady calls, warm-up count) for the current window. A
+        first call is compared with its shape's other calls in the window, else with the phase's
+        other calls of the same graph flag."""
         out = {}
-        for phase, items in self._window.items():
-            firsts = [it for it in items if it[_FIRST]]
-            if not firsts:
-                out[phase] = (items, 0)
+        for phase, (ms, graph, _reason, shape, first) in self._window.items():
+            if not any(first):
+                out[phase] = (range(len(ms)), 0)
                 continue
             by_shape: dict = {}
             by_graph: dict = {}
-            for it in items:
-                if not it[_FIRST]:
-                    by_shape.setdefault(it[_SHAPE], []).append(it[_MS])
-                    by_graph.setdefault(it[_GRAPH], []).append(it[_MS])
+            for i, f in enumerate(first):
+                if not f:
+                    by_shape.setdefault(shape[i], []).append(ms[i])
+                    by_graph.setdefault(graph[i], []).append(ms[i])
             warm = set()
-            for it in firsts:
-                ref = by_shape.get(it[_SHAPE]) or by_graph.get(it[_GRAPH])
-                if ref and is_warmup(it[_MS], median(ref)):
-                    warm.add(id(it))
-            out[phase] = ([it for it in items if id(it) not in warm], len(warm))
+            for i, f in enumerate(first):
+                if f:
+                    ref = by_shape.get(shape[i]) or by_graph.get(graph[i])
+                    if ref and is_warmup(ms[i], median(ref)):
+                        warm.add(i)
+            out[phase] = ([i for i in range(len(ms)) if i not in warm], len(warm))
         return out
 
     def verdict(self, steady: Optional[dict] = None) -> Optional[Verdict]:
@@ -129,7 +141,10 @@ class Summary:
             return None
 
         def med(phase: str, graph: Optional[bool] = None) -> Optional[float]:
-            vals = [it[_MS] for it in steady.get(phase, ((), 0))[0] if graph is None or it[_GRAPH] == graph]
+            cols = self._window.get(phase)
+            if cols is None:
+                return None
+            vals = [cols[_MS][i] for i in steady[phase][0] if graph is None or cols[_GRAPH][i] == graph]
             return median(vals) if vals else None
 
         decode = {g: (median(self._decode[g]) if self._decode[g] else med("decode", g)) for g in (True, False)}
@@ -137,7 +152,7 @@ class Summary:
         t_decode = decode[True] if decode_graph else decode[False]
         if t_decode is None:
             return None
-        no_graph = sum(1 for it in verify if not it[_GRAPH]) / len(verify)
+        no_graph = sum(1 for g in verify[_GRAPH] if not g) / len(verify[_GRAPH])
         graph_verify = med("verify", True)
         return evaluate(
             sum(self._accept) / len(self._accept), t_decode, med("verify"), med("draft") or 0.0,
@@ -153,13 +168,14 @@ class Summary:
         parts = []
         warm_total = 0
         for phase in sorted(self._window, key=lambda p: PHASES.index(p) if p in PHASES else 99):
-            items = self._window[phase]
+            cols = self._window[phase]
             kept, warm = steady[phase]
             warm_total += warm
-            ms = sorted(it[_MS] for it in kept)
-            graph = sum(1 for it in items if it[_GRAPH]) / len(items)
-            part = (f"{phase} n={len(items)} p50={percentile(ms, .5):.2f}ms "
-                    f"p90={percentile(ms, .9):.2f}ms graph={graph:.0%}{_reasons(items)}")
+            ms = sorted(cols[_MS][i] for i in kept)
+            n = len(cols[_MS])
+            graph = sum(1 for g in cols[_GRAPH] if g) / n
+            part = (f"{phase} n={n} p50={percentile(ms, .5):.2f}ms "
+                    f"p90={percentile(ms, .9):.2f}ms graph={graph:.0%}{_reasons(cols)}")
             launch = self._launch.get(phase)
             if launch:  # the host's share of a graph phase: its graph started this late (p50)
                 part += f" launch@{median(launch):.2f}ms"
@@ -193,9 +209,9 @@ class Summary:
         return out
 
 
-def _reasons(items: list[tuple]) -> str:
+def _reasons(cols: tuple) -> str:
     """`` (graphs_disabled)``, or the shares when several reasons: why no graph ran."""
-    counts = collections.Counter(it[_REASON] for it in items if not it[_GRAPH] and it[_REASON])
+    counts = collections.Counter(r for g, r in zip(cols[_GRAPH], cols[_REASON]) if not g and r)
     if not counts:
         return ""
     if len(counts) == 1:

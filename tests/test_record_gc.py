@@ -247,3 +247,34 @@ def test_a_phases_list_held_elsewhere_is_left_whole_and_not_reused():
     del st
     step(None, BATCH, lambda: fwd(None, BATCH))
     assert rec.steps[0].phases is not held and held == [ph] and ph.phase == "decode"
+
+
+def test_the_summary_window_keeps_no_tracked_object_per_call():
+    """The summary line's window holds every call of up to 30 s: as columns of floats, flags and
+    shared shapes, so a steady stream of calls allocates nothing the collector counts (C and
+    Python alike), and every call of a shape shares the one tuple ``seen`` keeps."""
+    from sgl_probe.summary import _SHAPE, Summary
+
+    def rows(n, start):
+        ph = lambda i: ("decode", i * 10**6, i * 10**6 + 1_800_000 + i % 7, True, "DECODE", 16, 16, 0.01, "t",  # noqa: E731
+                        None, None, None, None, 0.5)
+        return [(i, 0, 1, "DECODE", 16, 16, 0.1, "cuda", (ph(i),), None) for i in range(start, start + n)]
+
+    chunks = [rows(16, 16 * k) for k in range(60)]  # built before: the count is the summary's alone
+    for fast in (None, c_module()):
+        s = Summary(30, {"tp_rank": 0}, fast)
+        for k in range(3):  # first calls, the window's columns
+            s.add_rows(chunks[k])
+        gc.collect()
+        gc.disable()
+        try:
+            before = gc.get_count()[0]
+            for k in range(3, 60):
+                s.add_rows(chunks[k])
+            grown = gc.get_count()[0] - before
+        finally:
+            gc.enable()
+        assert grown < 5, (fast, grown)
+        shapes = s._window["decode"][_SHAPE]
+        assert len(shapes) == 60 * 16 and all(k is shapes[0] for k in shapes)
+        assert shapes[0] is s._seen[shapes[0]]

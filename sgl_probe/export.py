@@ -104,6 +104,8 @@ class Pipeline:
         if exporting(cfg):
             kind = InProcessSink if in_process else ProcessSink
             self.sink = kind(cfg, run_id, ident, recorder.spec, sglang_version)
+            if not in_process:
+                self.sink.pack = getattr(getattr(recorder, "c", None), "pack_steps", None)
         self.metrics = metrics_setup.phase_metrics(
             ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics)
         self._lock = threading.Lock()

@@ -69,6 +69,9 @@ class ProcessSink:
         self._theirs: Any = None
         self._backlog: collections.deque = collections.deque()  # (message, spans it carries)
         self._backlog_bytes = 0
+        #: The C extension's ``pack_steps`` (the pipeline sets it with the C hot path): STEPS
+        #: messages packed instead of pickled (wire.PACKED).
+        self.pack: Any = None
         self._open_link()
         _live.add(self)
 
@@ -228,7 +231,7 @@ class ProcessSink:
             if os.getpid() != self.pid:
                 return
             self._check()
-            for data, spans in wire.encode_steps(steps, kept_slow):
+            for data, spans in wire.encode_steps(steps, kept_slow, self.pack):
                 self._send_meta()  # first on every link, also on one opened after a death
                 self._send(data, spans)
 

@@ -199,22 +199,6 @@ gc_track(PyObject *o)
 
 static void record_track(PyObject *self);
 
-/* A tuple the probe made that holds atoms or untracked tuples only: untracked (what the collector
-   itself does to such a tuple at its first collection, without that collection's scan). */
-static PyObject *
-untrack_atoms(PyObject *t)
-{
-    if (t == NULL || !PyObject_GC_IsTracked(t))
-        return t;
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(t); i < n; i++) {
-        PyObject *v = PyTuple_GET_ITEM(t, i);
-        if (!is_atom(v) && !(PyTuple_CheckExact(v) && !PyObject_GC_IsTracked(v)))
-            return t;
-    }
-    PyObject_GC_UnTrack(t);
-    return t;
-}
-
 /* Free lists of the two records. Allocating a collector-aware object counts toward the next young
    collection until it is freed, tracked or not: a second's records waiting for the drain (~1,000
    on a launch-bound server) would start collections of their own, which promote SGLang's young
@@ -1970,7 +1954,6 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
             item = PyTuple_Pack(14, ph->phase, o_t0, o_t1, graph ? Py_True : Py_False, ph->mode, ph->batch_size,
                                 ph->num_tokens, host_ms, ph->target, ph->accept_length, kind,
                                 graph ? Py_None : ph->no_graph_reason, err, graph_ms);
-        untrack_atoms(item);
         Py_XDECREF(graph_ms);
         Py_XDECREF(o_t0);
         Py_XDECREF(o_t1);
@@ -1992,12 +1975,11 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
         w1 = hi;
     PyObject *o_w0 = PyLong_FromLongLong(w0), *o_w1 = PyLong_FromLongLong(w1);
     PyObject *step_ms = ms_of(st->host0, st->host1);
-    PyObject *tuple = untrack_atoms(PyList_AsTuple(phases));
+    PyObject *tuple = PyList_AsTuple(phases);
     PyObject *err = error_or_none(c, st->error);
     if (o_w0 && o_w1 && step_ms && tuple && err)
         row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms,
                            c->host ? s_cpu : s_cuda, tuple, err);
-    untrack_atoms(row);
     Py_XDECREF(o_w0);
     Py_XDECREF(o_w1);
     Py_XDECREF(step_ms);
@@ -3129,7 +3111,7 @@ up_value(Unpacker *u, int depth)
             else
                 PyTuple_SET_ITEM(t, i, item);
         }
-        return untrack_atoms(t);
+        return t;
     }
     default:
         return unpack_bad();

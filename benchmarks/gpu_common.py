@@ -222,8 +222,8 @@ def make_probe(tag: str, env: dict, targets: Optional[tuple] = None):
 def drain_stage_ns(pipeline, recorder) -> tuple[dict, list, list]:
     """Thread CPU ns of each stage of the drain over the recorder's finished steps, in the drain's
     own chunks: resolving them into rows (``resolve``), the summary and any other step observers
-    (``summary``), encoding the rows for the exporter's link as the pipeline's sink does (``pickle``:
-    packed by the C extension where the sink packs, else pickled). Returns the times, the rows and
+    (``summary``), encoding the rows for the exporter's link as the exporter process's sink does
+    (``pickle``: packed by the C extension where it packs, else pickled). Returns the times, the rows and
     the link's messages ``(data, spans)``."""
     from sgl_probe import export, wire
     from sgl_probe.drain import take_ready
@@ -240,7 +240,9 @@ def drain_stage_ns(pipeline, recorder) -> tuple[dict, list, list]:
         pipeline.observe_rows(rows[i:i + export.CHUNK])
     out["summary"] = tt() - t
     t = tt()
-    msgs = wire.encode_steps(rows, [False] * len(rows), getattr(getattr(pipeline, "sink", None), "pack", None))
+    sink = getattr(pipeline, "sink", None)  # none configured: as the exporter process's sink would
+    pack = sink.pack if hasattr(sink, "pack") else getattr(getattr(recorder, "c", None), "pack_steps", None)
+    msgs = wire.encode_steps(rows, [False] * len(rows), pack)
     out["pickle"] = tt() - t
     return out, rows, msgs
 

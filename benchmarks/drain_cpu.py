@@ -1,0 +1,133 @@
+"""The drain thread's CPU per step, stage by stage (CPU machine, no GPU): what it holds the GIL for,
+which a launch-bound scheduler thread waits out (BENCHMARKS.md, runs h200-13 to h200-19).
+
+A scheduler-shaped loop (:mod:`sched_shape`: step, decode phase, graph replay; the real probe, CPU
+timer, the summary line on) records ``--steps`` steps (a second of the tiny server); then, as a
+drain pass does, they are taken in the drain's chunks (``take``: ready checks, rows, the records
+freed), added to the summary line's window (``summary``), encoded for the exporter process's link
+as its sink would (``encode``: packed by the C extension, else pickled), and the rows and messages
+freed (``all`` is the whole pass). Wall time per step (the loop is single-threaded and the machine
+otherwise idle), median over ``--passes`` passes after ``--warmup``; each run a fresh process.
+
+    python3 benchmarks/drain_cpu.py [--steps 540] [--passes 20] [--runs 4] [--compare REV] [--json FILE]
+
+``--compare REV``: the same in fresh processes with git revision REV's probe (its C hot path
+compiled), runs alternating, with the paired ratio of ``all`` per run, this tree over REV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+STAGES = ("take", "summary", "encode", "all")
+
+
+def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
+    sys.path[:0] = [root, str(HERE)]
+    os.environ.update({"SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
+                       "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
+    for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        os.environ.pop(key, None)
+    import sgl_probe
+    from sgl_probe import config, export, wire
+    from sgl_probe.activate import Probe
+    from sgl_probe.drain import take_ready
+
+    from hotpath_cold import _workload
+    from sched_shape import ROLES, table
+
+    Scheduler, batch = _workload("drain_cpu_workload")
+    probe = Probe(config.load(), targets=table("drain_cpu_workload", ROLES))
+    probe.instrumentor.instrument()
+    sched = Scheduler()
+    rec, pipe = probe.recorder, probe.pipeline
+    packs = "pack" in inspect.signature(wire.encode_steps).parameters  # revisions before it pickled
+    pack = getattr(rec.c, "pack_steps", None) if packs else None
+    clock = time.perf_counter_ns
+    got: dict = {k: [] for k in STAGES}
+    for i in range(warmup + passes):
+        for _ in range(steps):
+            sched.run_batch(batch)
+        rows: list = []
+        t0 = clock()
+        while take_ready(rec.steps, rec.timer, clock(), False, export.CHUNK, rows):
+            pass
+        t1 = clock()
+        for j in range(0, len(rows), export.CHUNK):
+            pipe.observe_rows(rows[j:j + export.CHUNK])
+        t2 = clock()
+        slow = [False] * len(rows)
+        msgs = wire.encode_steps(rows, slow, pack) if packs else wire.encode_steps(rows, slow)
+        t3 = clock()
+        n = len(rows)
+        del rows, msgs, slow
+        t4 = clock()
+        if n != steps:
+            raise RuntimeError(f"took {n} of {steps} steps")
+        if i >= warmup:
+            for k, (a, b) in zip(STAGES, ((t0, t1), (t1, t2), (t2, t3), (t0, t4))):
+                got[k].append((b - a) / steps / 1e3)
+    probe.instrumentor.uninstrument()
+    return {"probe": os.path.dirname(sgl_probe.__file__), "hotpath": rec.hotpath, "packed": pack is not None,
+            **{f"{k}_us_per_step": statistics.median(v) for k, v in got.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=540, help="steps per drain pass")
+    ap.add_argument("--passes", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5, help="passes left out first")
+    ap.add_argument("--runs", type=int, default=4, help="fresh processes per side")
+    ap.add_argument("--compare", metavar="REV", help="also run git revision REV's probe, runs alternating")
+    ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.passes, args.warmup)))
+        return 0
+
+    sys.path.insert(0, str(HERE))
+    from gpu_common import bootstrap_median_ci, checkout, print_result
+
+    def ci(vals: list) -> dict:
+        med, lo, hi = bootstrap_median_ci(vals)
+        return {"median": med, "ci95": [lo, hi]}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = {"new": str(ROOT)}
+        if args.compare:
+            roots["base"] = str(checkout(args.compare, tmp))
+        runs: dict = {side: [] for side in roots}
+        for i in range(args.runs):
+            for side in (roots if i % 2 == 0 else list(roots)[::-1]):
+                cmd = [sys.executable, __file__, "--worker", roots[side], "--steps", str(args.steps),
+                       "--passes", str(args.passes), "--warmup", str(args.warmup)]
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
+                runs[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out: dict = {"steps": args.steps, "passes": args.passes, "warmup": args.warmup, "runs": args.runs,
+                 "python": sys.version.split()[0]}
+    if args.compare:
+        out["base"] = args.compare
+    for side, rs in runs.items():
+        out[side] = {"hotpath": rs[0]["hotpath"], "packed": rs[0]["packed"],
+                     **{k: ci([r[f"{k}_us_per_step"] for r in rs]) for k in STAGES}, "per_run": rs}
+    if args.compare:
+        out["all_new_over_base"] = ci([a["all_us_per_step"] / b["all_us_per_step"]
+                                       for a, b in zip(runs["new"], runs["base"])])
+    print_result(out, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

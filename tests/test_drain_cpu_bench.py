@@ -1,6 +1,6 @@
 """benchmarks/drain_cpu.py runs, drains every step it records in each pass (else it raises), and
 times the stages it names: with the C extension the link's messages are packed, with the Python
-hot path pickled, and the stages fit inside the whole pass."""
+hot path pickled, and each stage fits inside the whole pass."""
 
 from __future__ import annotations
 
@@ -32,5 +32,5 @@ def test_drain_cpu_times_each_stage_of_a_pass_and_packs_with_the_c_extension(tmp
     assert (c["hotpath"], c["packed"]) == ("c", True)
     for res in (py, c):
         run = res["per_run"][0]
-        parts = run["take_us_per_step"] + run["summary_us_per_step"] + run["encode_us_per_step"]
-        assert 0 < parts <= run["all_us_per_step"]
+        for stage in ("take", "summary", "encode"):  # each inside every pass: so are their medians
+            assert 0 < run[f"{stage}_us_per_step"] <= run["all_us_per_step"]

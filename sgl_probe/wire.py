@@ -73,7 +73,12 @@ def encode_steps(steps: list, kept_slow: list, pack: Optional[Callable] = None) 
 
 
 def _encode_chunk(steps: list, kept_slow: list, out: list, pack: Optional[Callable]) -> None:
-    data = pack(steps, kept_slow) if pack is not None else None
+    data = None
+    if pack is not None:
+        try:
+            data = pack(steps, kept_slow)
+        except Exception:  # e.g. no memory for the buffer: pickle has its own way, the steps still go
+            data = None
     if data is None:
         data = encode(STEPS, (steps, kept_slow))
     if len(data) <= MAX_MESSAGE or len(steps) == 1:

@@ -86,6 +86,16 @@ def test_what_the_layout_has_no_tag_for_is_pickled_as_before(hot, odd):
     assert spans == 5 + sum(len(r[8]) for r in rows)
 
 
+def test_a_packer_that_fails_leaves_the_message_pickled():
+    rows = _rows(5, 4)
+
+    def broken(steps, slow):
+        raise MemoryError("no room")
+
+    (data, spans), = wire.encode_steps(rows, [False] * 4, broken)
+    assert wire.decode(data) == (wire.STEPS, (rows, [False] * 4)) and data[:1] == b"\x80"
+
+
 def test_kept_slow_flags_that_are_not_bools_are_pickled_and_mismatched_lists_refused(hot):
     rows = _rows(2, 3)
     assert hot.pack_steps(rows, [False, 1, True]) is None

@@ -272,18 +272,15 @@ def test_self_time_times_the_cuda_timers_calls_on_the_scheduler_thread_only(shim
     assert got["timer_call:_stream_query"] < got["timer_call:_record"] / 10
 
 
-def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monkeypatch, tmp_path):
-    """SGL_BENCH_SELF_TIME=1 (overhead_cross's ``self`` kind): from the first flip the real
-    probe's per-step wrappers are timed from outside and around the SGLang function they call;
-    outside minus inside is the probe's own time, which grows with a slower probe and not with a
-    slower SGLang, and uninstrument still puts every original back."""
+def _scheduler_with_probe(monkeypatch, name: str, forward):
+    """A scheduler-shaped module ``name`` (benchmarks/sched_shape.py) whose forward runs
+    ``forward()``, wrapped by a real probe instrumented over it (CPU timer, nothing exported, the
+    drain held back). Returns (its Scheduler class, the probe)."""
     sys.path.insert(0, str(PAUSE.parent))
     try:
         from sched_shape import install, table
     finally:
         sys.path.remove(str(PAUSE.parent))
-    from tests.workload import Batch, ForwardMode
-
     for key, val in {"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
                      "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": "1000000"}.items():
         monkeypatch.setenv(key, val)
@@ -292,10 +289,22 @@ def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monke
     from sgl_probe import config
     from sgl_probe.activate import Probe
 
-    slow_sglang = [0.0]
-    Scheduler = install("probe_pause_self_workload", lambda: time.sleep(slow_sglang[0]))
-    probe = Probe(config.load(), targets=table("probe_pause_self_workload"))
+    Scheduler = install(name, forward)
+    probe = Probe(config.load(), targets=table(name))
     probe.instrumentor.instrument()
+    return Scheduler, probe
+
+
+def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_SELF_TIME=1 (overhead_cross's ``self`` kind): from the first flip the real
+    probe's per-step wrappers are timed from outside and around the SGLang function they call;
+    outside minus inside is the probe's own time, which grows with a slower probe and not with a
+    slower SGLang, and uninstrument still puts every original back."""
+    from tests.workload import Batch, ForwardMode
+
+    slow_sglang = [0.0]
+    Scheduler, probe = _scheduler_with_probe(monkeypatch, "probe_pause_self_workload",
+                                             lambda: time.sleep(slow_sglang[0]))
     originals = {(h.owner, h.attr): h.original for h in probe.instrumentor.hooks}
     try:
         monkeypatch.setattr(activate, "_PROBE", probe)
@@ -452,24 +461,10 @@ def test_the_section_build_times_the_c_wrappers_and_the_controller_reports_them(
 def test_self_time_times_the_drains_stretches_between_two_gil_hand_overs(shim, monkeypatch, tmp_path):
     """SGL_BENCH_SELF_TIME=1 also times each stretch the drain thread runs between two yields (its
     short sleeps) or a pass's ends, wall and CPU, and the controller reports them per step."""
-    sys.path.insert(0, str(PAUSE.parent))
-    try:
-        from sched_shape import install, table
-    finally:
-        sys.path.remove(str(PAUSE.parent))
+    from sgl_probe import export
     from tests.workload import Batch, ForwardMode
 
-    for key, val in {"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
-                     "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": "1000000"}.items():
-        monkeypatch.setenv(key, val)
-    for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        monkeypatch.delenv(key, raising=False)
-    from sgl_probe import config, export
-    from sgl_probe.activate import Probe
-
-    Scheduler = install("probe_pause_drain_workload", lambda: None)
-    probe = Probe(config.load(), targets=table("probe_pause_drain_workload"))
-    probe.instrumentor.instrument()
+    Scheduler, probe = _scheduler_with_probe(monkeypatch, "probe_pause_drain_workload", lambda: None)
     try:
         monkeypatch.setattr(activate, "_PROBE", probe)
         monkeypatch.setattr(export, "YIELD_AFTER_NS", 0)  # yield after every chunk that leaves steps behind

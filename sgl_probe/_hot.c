@@ -1892,13 +1892,18 @@ ms_of(PyObject *t0, PyObject *t1)
 static PyObject *
 resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
 {
-    PyObject *phases = PyList_New(0), *row = NULL;
+    /* The phases' tuple made at its size: the timed phases (a capture's has no end). */
+    Py_ssize_t n = PyList_GET_SIZE(st->phases), timed = 0, k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ph = PyList_GET_ITEM(st->phases, i);
+        timed += !Py_IS_TYPE(ph, &PhaseRecordType) || ((PhaseRecordObject *)ph)->t_end != Py_None;
+    }
+    PyObject *phases = PyTuple_New(timed), *row = NULL;
     if (phases == NULL)
         return NULL;
     long long lo = 0, hi = 0;
     int any = 0;
-    Py_ssize_t n = PyList_GET_SIZE(st->phases);
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(st->phases); i++) {
         PhaseRecordObject *ph = (PhaseRecordObject *)PyList_GET_ITEM(st->phases, i);
         if (Py_TYPE(ph) != &PhaseRecordType) {
             PyErr_SetString(PyExc_TypeError, "sgl-probe: not a C phase record");
@@ -1959,11 +1964,17 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
         Py_XDECREF(o_t1);
         Py_XDECREF(host_ms);
         Py_XDECREF(err);
-        if (item == NULL || PyList_Append(phases, item) < 0) {
+        if (item == NULL || k >= timed) { /* k: the phases list changed under the elapsed-time read */
+            if (item != NULL)
+                PyErr_SetString(PyExc_RuntimeError, "sgl-probe: a step's phases changed while it was resolved");
             Py_XDECREF(item);
             goto fail;
         }
-        Py_DECREF(item);
+        PyTuple_SET_ITEM(phases, k++, item);
+    }
+    if (k != timed) {
+        PyErr_SetString(PyExc_RuntimeError, "sgl-probe: a step's phases changed while it was resolved");
+        goto fail;
     }
     long long h0, h1;
     if (as_ll(st->host0, &h0) < 0 || as_ll(st->host1, &h1) < 0)
@@ -1975,15 +1986,13 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
         w1 = hi;
     PyObject *o_w0 = PyLong_FromLongLong(w0), *o_w1 = PyLong_FromLongLong(w1);
     PyObject *step_ms = ms_of(st->host0, st->host1);
-    PyObject *tuple = PyList_AsTuple(phases);
     PyObject *err = error_or_none(c, st->error);
-    if (o_w0 && o_w1 && step_ms && tuple && err)
+    if (o_w0 && o_w1 && step_ms && err)
         row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms,
-                           c->host ? s_cpu : s_cuda, tuple, err);
+                           c->host ? s_cpu : s_cuda, phases, err);
     Py_XDECREF(o_w0);
     Py_XDECREF(o_w1);
     Py_XDECREF(step_ms);
-    Py_XDECREF(tuple);
     Py_XDECREF(err);
 fail:
     Py_DECREF(phases);

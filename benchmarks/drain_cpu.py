@@ -98,11 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(HERE))
-    from gpu_common import bootstrap_median_ci, checkout, print_result
-
-    def ci(vals: list) -> dict:
-        med, lo, hi = bootstrap_median_ci(vals)
-        return {"median": med, "ci95": [lo, hi]}
+    from gpu_common import checkout, median_ci, print_result
 
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"new": str(ROOT)}
@@ -121,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         out["base"] = args.compare
     for side, rs in runs.items():
         out[side] = {"hotpath": rs[0]["hotpath"], "packed": rs[0]["packed"],
-                     **{k: ci([r[f"{k}_us_per_step"] for r in rs]) for k in STAGES}, "per_run": rs}
+                     **{k: median_ci([r[f"{k}_us_per_step"] for r in rs]) for k in STAGES}, "per_run": rs}
     if args.compare:
-        out["all_new_over_base"] = ci([a["all_us_per_step"] / b["all_us_per_step"]
+        out["all_new_over_base"] = median_ci([a["all_us_per_step"] / b["all_us_per_step"]
                                        for a, b in zip(runs["new"], runs["base"])])
     print_result(out, args.json)
     return 0

@@ -382,7 +382,7 @@ def _checkout(rev: str, into: str) -> str:
 
 def compare(args) -> dict:
     """This tree's probe vs revision ``args.compare``'s, designs interleaved (see the module doc)."""
-    from gpu_common import bootstrap_median_ci, rotation
+    from gpu_common import median_ci, rotation
     from sgl_probe.testing.receiver import OTLPReceiver
 
     variants = ("off", "no_export", "out_of_process", "no_export@base", "out_of_process@base")
@@ -408,25 +408,21 @@ def compare(args) -> dict:
     def share(v: str) -> list:
         return [a - b for a, b in zip(cpu(v), cpu("off"))]
 
-    def ci(vals: list) -> dict:
-        med, lo, hi = bootstrap_median_ci(vals)
-        return {"median": med, "ci95": [lo, hi]}
-
     result: dict = {
         "base": args.compare, "steps": args.steps, "repeats": args.repeats, "step_ms": args.step_ms,
         "exports": "otlp-grpc" + (" + trace dir" if args.trace_dir else ""),
         "hotpath": {v: runs[v][0].get("hotpath") for v in variants if v != "off"},
-        "loop_without_probe_cpu_us_per_step": ci(cpu("off")),
-        "in_process_cpu_us_per_step": {v: ci(cpu(v)) for v in variants if v != "off"},
-        "probe_cpu_us_per_step": {v: ci(share(v)) for v in variants if v != "off"},
+        "loop_without_probe_cpu_us_per_step": median_ci(cpu("off")),
+        "in_process_cpu_us_per_step": {v: median_ci(cpu(v)) for v in variants if v != "off"},
+        "probe_cpu_us_per_step": {v: median_ci(share(v)) for v in variants if v != "off"},
         "probe_cpu_ratio_new_vs_base": {
-            d: ci([a / b for a, b in zip(share(d), share(d + "@base"))]) for d in ("no_export", "out_of_process")},
+            d: median_ci([a / b for a, b in zip(share(d), share(d + "@base"))]) for d in ("no_export", "out_of_process")},
         # The drain thread's GIL holds show in the tail: a p99 over 3000 steps is the 30th latest
         # wake-up, so p99.9 and max are where the holds of a drain pass (every second) land.
-        "sleep_overshoot_us": {v: {q: ci([run["sleep_overshoot_us"][q] for run in runs[v]])
+        "sleep_overshoot_us": {v: {q: median_ci([run["sleep_overshoot_us"][q] for run in runs[v]])
                                    for q in ("p50", "p99", "p999", "max") if q in runs[v][0]["sleep_overshoot_us"]}
                                for v in variants},
-        "drain_stretch_us": {v: {q: ci([run["drain_stretch_us"][q] for run in runs[v]]) for q in ("p50", "p99", "max")}
+        "drain_stretch_us": {v: {q: median_ci([run["drain_stretch_us"][q] for run in runs[v]]) for q in ("p50", "p99", "max")}
                              for v in variants if v != "off" and "drain_stretch_us" in runs[v][0]},
         "spans_sent_received_dropped": {v: [sum(run[k] for run in runs[v]) for k in ("sent", "spans_received", "dropped")]
                                         for v in ("out_of_process", "out_of_process@base")},

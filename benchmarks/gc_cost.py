@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(HERE))
-    from gpu_common import bootstrap_median_ci, checkout, print_result, rotation
+    from gpu_common import checkout, median_ci, print_result, rotation
 
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"new": str(ROOT)}
@@ -147,10 +147,6 @@ def main(argv: list[str] | None = None) -> int:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
                 runs[(side, state)].append(json.loads(done.stdout.strip().splitlines()[-1]))
 
-    def ci(vals: list) -> dict:
-        med, lo, hi = bootstrap_median_ci(vals)
-        return {"median": med, "ci95": [lo, hi]}
-
     def probe_share(side: str, key: str) -> list:  # recording minus paused, per turn
         return [r[key] - p[key] for r, p in zip(runs[(side, "recording")], runs[(side, "paused")])]
 
@@ -164,21 +160,21 @@ def main(argv: list[str] | None = None) -> int:
         rec, paused = runs[(side, "recording")], runs[(side, "paused")]
         out[side] = {
             "hotpath": rec[0]["hotpath"],
-            "tracked_objects_per_pending_step": ci([r["tracked_objects_per_pending_step"] for r in rec]),
-            "gc_us_per_step": {"recording": ci([r["gc_us_per_step"] for r in rec]),
-                               "paused": ci([r["gc_us_per_step"] for r in paused])},
-            "probe_gc_us_per_step": ci(probe_gc[side]),
-            "probe_loop_us_per_step": ci(probe_loop[side]),
+            "tracked_objects_per_pending_step": median_ci([r["tracked_objects_per_pending_step"] for r in rec]),
+            "gc_us_per_step": {"recording": median_ci([r["gc_us_per_step"] for r in rec]),
+                               "paused": median_ci([r["gc_us_per_step"] for r in paused])},
+            "probe_gc_us_per_step": median_ci(probe_gc[side]),
+            "probe_loop_us_per_step": median_ci(probe_loop[side]),
             "full_collections_per_100k_steps": {
-                "recording": ci([r["collections_per_100k_steps_by_generation"][2] for r in rec]),
-                "paused": ci([r["collections_per_100k_steps_by_generation"][2] for r in paused])},
+                "recording": median_ci([r["collections_per_100k_steps_by_generation"][2] for r in rec]),
+                "paused": median_ci([r["collections_per_100k_steps_by_generation"][2] for r in paused])},
             "runs": rec + paused,
         }
     if args.compare:
         for key, got in (("probe_gc_new_over_base", probe_gc), ("probe_loop_new_over_base", probe_loop)):
             pairs = [a / b for a, b in zip(got["new"], got["base"]) if b > 0]
             if pairs:
-                out[key] = ci(pairs)
+                out[key] = median_ci(pairs)
     print_result(out, args.json)
     return 0
 

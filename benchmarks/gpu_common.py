@@ -53,6 +53,12 @@ def bootstrap_median_ci(values: Sequence[float], n_boot: int = 2000, seed: int =
     return statistics.median(vals), lo, hi
 
 
+def median_ci(values: Sequence[float]) -> dict:
+    """:func:`bootstrap_median_ci` as the benchmarks print it: ``{"median", "ci95": [lo, hi]}``."""
+    med, lo, hi = bootstrap_median_ci(values)
+    return {"median": med, "ci95": [lo, hi]}
+
+
 def checkout(rev: str, into: str) -> Path:
     """git revision ``rev`` of this repository extracted into ``into``, its C hot path compiled in
     place where it has one (the compiler command ``pip install`` runs), so that a benchmark's

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
-from gpu_common import bootstrap_median_ci, print_result  # noqa: E402
+from gpu_common import bootstrap_median_ci, median_ci, print_result  # noqa: E402
 from sched_shape import ROLES, install, table  # noqa: E402
 
 MODULE = "hotpath_cold_workload"
@@ -188,14 +188,10 @@ def compare(args) -> dict:
     def cost(side: str, state: str) -> list:
         return [r[state]["probe_us"] for r in runs[side]]
 
-    def ci(vals: list) -> dict:
-        med, lo, hi = bootstrap_median_ci(vals)
-        return {"median": med, "ci95": [lo, hi]}
-
     return {"base": args.compare, "turns": args.turns, "steps": args.steps, "repeats_per_turn": args.repeats,
             "evict_kb": args.evict_kb, "hotpath": {s: runs[s][0].get("hotpath") for s in runs},
-            "probe_us": {s: {st: ci(cost(s, st)) for st in ("cold", "warm")} for s in runs},
-            "cold_probe_new_over_base": ci([a / b for a, b in zip(cost("new", "cold"), cost("base", "cold")) if b > 0]),
+            "probe_us": {s: {st: median_ci(cost(s, st)) for st in ("cold", "warm")} for s in runs},
+            "cold_probe_new_over_base": median_ci([a / b for a, b in zip(cost("new", "cold"), cost("base", "cold")) if b > 0]),
             "runs": runs}
 
 

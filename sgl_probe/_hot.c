@@ -197,8 +197,6 @@ gc_track(PyObject *o)
         PyObject_GC_Track(o);
 }
 
-static void record_track(PyObject *self);
-
 /* Free lists of the two records. Allocating a collector-aware object counts toward the next young
    collection until it is freed, tracked or not: a second's records waiting for the drain (~1,000
    on a launch-bound server) would start collections of their own, which promote SGLang's young

@@ -98,6 +98,7 @@ def _encode_chunk(steps: list, kept_slow: list, out: list, pack: Optional[Callab
 #: (pickling the same rows cost the drain thread more than resolving them); read by
 #: ``_hot.unpack_steps`` or, without the extension, :func:`unpack_steps`, its reference.
 PACKED = b"\xa7SP1"
+_UNPARSED = "sgl-probe: a packed steps message that does not parse"
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
@@ -108,7 +109,7 @@ def unpack_steps(data: bytes) -> tuple[list, list]:
     try:
         return _Reader(data).steps()
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
-        raise ValueError("sgl-probe: a packed steps message that does not parse") from exc
+        raise ValueError(_UNPARSED) from exc
 
 
 class _Reader:
@@ -130,16 +131,16 @@ class _Reader:
         for _ in range(ns):
             length = self.u32()
             if self.at + length > len(self.view):
-                raise ValueError("sgl-probe: a packed steps message that does not parse")
+                raise ValueError(_UNPARSED)
             self.strings.append(str(self.view[self.at:self.at + length], "utf-8"))
             self.at += length
         if self.at + n > len(self.view):
-            raise ValueError("sgl-probe: a packed steps message that does not parse")
+            raise ValueError(_UNPARSED)
         slow = [b != 0 for b in self.view[self.at:self.at + n]]
         self.at += n
         rows = [self.value(1) for _ in range(n)]
         if self.at != len(self.view):
-            raise ValueError("sgl-probe: a packed steps message that does not parse")
+            raise ValueError(_UNPARSED)
         return rows, slow
 
     def value(self, depth: int) -> Any:
@@ -157,7 +158,7 @@ class _Reader:
             return self.strings[self.u32()]
         if tag == "t" and depth <= 3:
             return tuple(self.value(depth + 1) for _ in range(self.u32()))
-        raise ValueError("sgl-probe: a packed steps message that does not parse")
+        raise ValueError(_UNPARSED)
 
 
 def _unpack() -> Callable[[bytes], tuple[list, list]]:

@@ -458,6 +458,40 @@ def test_the_section_build_times_the_c_wrappers_and_the_controller_reports_them(
     assert calls["drain_release"] == calls["drain_pop"] == taken == len(rows) > 0
 
 
+def test_drain_stretch_switches_set_the_drains_budget_and_chunk(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_DRAIN_YIELD_US / SGL_BENCH_DRAIN_CHUNK (overhead_cross's ``selfyield`` kind): the
+    first flip sets the drain's stretch budget and chunk, and the drain then takes the steps in
+    chunks of that size, yielding between them."""
+    from sgl_probe import export
+    from tests.workload import Batch, ForwardMode
+
+    Scheduler, probe = _scheduler_with_probe(monkeypatch, "probe_pause_yield_workload", lambda: None)
+    try:
+        monkeypatch.setattr(activate, "_PROBE", probe)
+        monkeypatch.setattr(export, "YIELD_AFTER_NS", export.YIELD_AFTER_NS)  # put back after
+        monkeypatch.setattr(export, "CHUNK", export.CHUNK)
+        monkeypatch.setattr(export, "time", export.time)
+        monkeypatch.setenv("SGL_BENCH_SELF_TIME", "1")
+        monkeypatch.setenv("SGL_BENCH_DRAIN_YIELD_US", "0")
+        monkeypatch.setenv("SGL_BENCH_DRAIN_CHUNK", "4")
+        control = _load("control")
+        sched, batch = Scheduler(), Batch(ForwardMode.DECODE, 4)
+        shim._flip(signal.SIGUSR2, None)  # paused, switches applied
+        assert (export.YIELD_AFTER_NS, export.CHUNK) == (0, 4)
+        shim._flip(signal.SIGUSR2, None)  # recording
+        g0 = control.gc_stats(tmp_path, os.getpid())
+        for _ in range(4 * 3 + 1):
+            sched.run_batch(batch)
+        assert probe.pipeline.drain() == 13
+        shim._flip(signal.SIGUSR2, None)
+        g1 = control.gc_stats(tmp_path, os.getpid())
+        assert g1["self_drain"]["hold"][1] == 4  # three full chunks of 4 left steps behind: three yields
+    finally:
+        probe.instrumentor.uninstrument()
+        if probe.pipeline is not None:
+            probe.pipeline.shutdown()
+
+
 def test_self_time_times_the_drains_stretches_between_two_gil_hand_overs(shim, monkeypatch, tmp_path):
     """SGL_BENCH_SELF_TIME=1 also times each stretch the drain thread runs between two yields (its
     short sleeps) or a pass's ends, wall and CPU, and the controller reports them per step."""

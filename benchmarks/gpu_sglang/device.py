@@ -934,8 +934,11 @@ def ab_judge(windows: dict) -> dict:
 #: while the hot path does) and ``gil``'s read (the drain's CUDA calls never overlap the hot path's).
 #: ``self2ev``: as ``self``, every phase recording a start event as well as its end (the pause
 #: shim's ``SGL_BENCH_START_EVENTS``). ``selfref``: as ``self``, with the reference wheel's probe.
+#: ``selfyield``: as ``self``, the drain handing the GIL over after 50 µs of work and checking
+#: every 4 steps (the shim's ``SGL_BENCH_DRAIN_YIELD_US``, ``SGL_BENCH_DRAIN_CHUNK``; the
+#: release: 500 µs, 16).
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
-              "selfdrop", "selfgil", "self2ev", "selfref")
+              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -967,7 +970,9 @@ def ab_env(kind: str, endpoint: str) -> dict:
                         "OTEL_SERVICE_NAME": "sglang-selfgil"},
             "self2ev": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_START_EVENTS": "1",
                         "OTEL_SERVICE_NAME": "sglang-self2ev"},
-            "selfref": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-selfref"}}[kind]
+            "selfref": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-selfref"},
+            "selfyield": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_YIELD_US": "50",
+                          "SGL_BENCH_DRAIN_CHUNK": "4", "OTEL_SERVICE_NAME": "sglang-selfyield"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

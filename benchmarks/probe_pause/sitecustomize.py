@@ -55,6 +55,10 @@ pass's end; ``hold`` their wall time, ``hold_cpu`` the drain thread's CPU in the
 ``hold_over_<N>us`` the wall time of those longer than N µs. A scheduler thread that wants the GIL
 back during a stretch waits for the rest of it (the GIL hand-overs inside a stretch, the
 elapsed-time reads and the link's sends, count into its wall time).
+
+``SGL_BENCH_DRAIN_YIELD_US=N`` / ``SGL_BENCH_DRAIN_CHUNK=K``: at its first flip the shim sets the
+drain's stretch budget (``sgl_probe.export.YIELD_AFTER_NS``, N µs) and the steps it takes between
+two checks of it (``CHUNK``), to measure shorter stretches against the release's 500 µs / 16.
 """
 
 import gc
@@ -118,6 +122,7 @@ def _flip(signum, frame):
             _time_wrappers(probe)
             _time_timer_calls(timer)
             _time_drain(probe)
+            _drain_stretch()
             source = getattr(timer, "elapsed_source", None)
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
@@ -154,6 +159,17 @@ def _start_events(timer):
     if os.environ.get("SGL_BENCH_START_EVENTS") != "1" or getattr(timer, "start_events", True):
         return
     timer.record_starts()
+
+
+def _drain_stretch():
+    export = sys.modules.get("sgl_probe.export")
+    if export is None:
+        return
+    us, chunk = os.environ.get("SGL_BENCH_DRAIN_YIELD_US"), os.environ.get("SGL_BENCH_DRAIN_CHUNK")
+    if us:
+        export.YIELD_AFTER_NS = int(float(us) * 1000)
+    if chunk:
+        export.CHUNK = int(chunk)
 
 
 _SELF_ON = []

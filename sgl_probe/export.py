@@ -187,23 +187,23 @@ class Pipeline:
                 if not taken:
                     break
                 done += len(rows)
-                if taken == CHUNK and steps:
-                    t = time.perf_counter_ns()
-                    if t - held >= YIELD_AFTER_NS:
-                        time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_AFTER_NS)
-                        held = time.perf_counter_ns()
                 self.observe_rows(rows)
-                if sink is None:
-                    continue
-                if always:
-                    kept += rows
-                    kept_slow += [False] * len(rows)
-                else:
-                    for row in rows:
-                        keep, slow = sampling.keep(from_row(row))
-                        if keep:
-                            kept.append(row)
-                            kept_slow.append(slow)
+                if sink is not None:
+                    if always:
+                        kept += rows
+                        kept_slow += [False] * len(rows)
+                    else:
+                        for row in rows:
+                            keep, slow = sampling.keep(from_row(row))
+                            if keep:
+                                kept.append(row)
+                                kept_slow.append(slow)
+                if taken == CHUNK and steps and time.perf_counter_ns() - held >= YIELD_AFTER_NS:
+                    if kept:  # sent before the hand-over: a pass's last stretch does not pack all of it
+                        sink.send_steps(kept, kept_slow)
+                        kept, kept_slow = [], []
+                    time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_AFTER_NS)
+                    held = time.perf_counter_ns()
             if kept:
                 sink.send_steps(kept, kept_slow)
             elif sink is not None:

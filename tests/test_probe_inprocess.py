@@ -408,6 +408,45 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
     assert probe.pipeline.sampling.sampled_out == n - len(want)
 
 
+def test_a_long_pass_sends_what_it_kept_before_each_hand_over_of_the_gil(probe_factory, receiver, monkeypatch):
+    """A pass over a backlog hands the GIL over between stretches; what it kept so far leaves
+    before each hand-over, so no stretch packs the whole pass (the last one used to), and every
+    step still arrives once."""
+    from sgl_probe import export
+
+    probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_SUMMARY_S": "3600", "SGL_PROBE_DRAIN_S": "3600"})
+    monkeypatch.setattr(export, "YIELD_AFTER_NS", 0)  # hand over after every chunk that leaves steps behind
+    sched = workload.Scheduler(None, tp_rank=0)  # the pipeline starts with the scheduler
+    sched.worker.work_s = 0.0
+    events = []
+    real_send = probe.pipeline.sink.send_steps
+    monkeypatch.setattr(probe.pipeline.sink, "send_steps",
+                        lambda steps, slow: events.append(("send", [st[0] for st in steps])) or real_send(steps, slow))
+    real_time = export.time
+
+    class _Time:
+        perf_counter_ns = staticmethod(real_time.perf_counter_ns)
+
+        @staticmethod
+        def sleep(s):
+            events.append(("yield", s))
+            real_time.sleep(s)
+
+    monkeypatch.setattr(export, "time", _Time)
+    n = 3 * export.CHUNK + 5
+    for _ in range(n):
+        sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    assert probe.pipeline.drain() == n
+    kinds = [e[0] for e in events]
+    assert kinds == ["send", "yield"] * 3 + ["send"]
+    sent = [e[1] for e in events if e[0] == "send"]
+    assert [len(b) for b in sent] == [export.CHUNK] * 3 + [5]
+    assert [i for b in sent for i in b] == list(range(1, n + 1))
+    receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= n, timeout=10)
+    time.sleep(0.2)
+    assert sorted(s.attributes["sglang.step_index"] for s in receiver.spans() if s.name == "sglang.step") == list(range(1, n + 1))
+
+
 def test_shutdown_waits_for_a_drain_pass_already_under_way(probe_factory, tmp_path):
     """A drain pass that began just before the stop would otherwise feed the summary line and
     the metrics after their final export (a live verdict gauge one window behind the log)."""

@@ -2,7 +2,7 @@
 
 Feeds the same resolved steps (a plain decode, a prefill, and a speculative step with draft,
 verify and draft-extend phases) to: nothing (a no-op call: the pipeline without metrics), and
-``PhaseMetrics.observe_step`` with the Prometheus sink in multiprocess mode (what SGLang's
+``PhaseMetrics`` with the Prometheus sink in multiprocess mode (what SGLang's
 --enable-metrics turns on), the OTLP sink (exporting to a local receiver every second, on its
 thread in this process), and both; sinks get snapshots once a second, as in the server. For
 reference, the two designs not taken: prometheus_client ``observe()`` / ``inc()`` per phase into
@@ -10,6 +10,12 @@ the multiprocess files, and the OpenTelemetry SDK's instruments (``record()`` / 
 phase. Rounds alternate between the variants; prints the median CPU microseconds per step (this
 thread's CPU time, so other processes on a busy machine do not count) and the difference to the
 no-op.
+
+Every variant is fed as the drain feeds the metrics: rows (plain tuples, as the C drain makes
+them) in chunks of ``sgl_probe.export.CHUNK`` (``PhaseMetrics.observe_rows``); the designs not
+taken get a ResolvedStep made of each row, as they would need. ``ref: a named copy per step``
+is the feed before ``observe_rows`` (each row made a ResolvedStep and observed on its own, into
+the Prometheus sink); its paired ratio with ``prometheus`` is printed last.
 
     python3 benchmarks/metrics_overhead.py [--rounds 30] [--steps 2000] [--json PATH]
 """
@@ -30,10 +36,12 @@ _MULTIPROC = tempfile.mkdtemp(prefix="sgl-probe-bench-prom-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _MULTIPROC
 os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from sgl_probe import metrics, metrics_otlp, metrics_prom  # noqa: E402
-from sgl_probe.resolved import ResolvedPhase, ResolvedStep  # noqa: E402
+from sgl_probe import export, metrics, metrics_otlp, metrics_prom  # noqa: E402
+from sgl_probe.resolved import PHASES, ResolvedPhase, ResolvedStep, from_row  # noqa: E402
 from sgl_probe.testing.receiver import OTLPReceiver  # noqa: E402
+from gpu_common import median_ci  # noqa: E402
 
 RANKS = {"tp_rank": 0, "dp_rank": 0, "pp_rank": 0}
 
@@ -51,7 +59,15 @@ def workload() -> list[ResolvedStep]:
     return [decode, decode, extend, spec] * 8
 
 
-class PerPhasePrometheus:
+class PerStep:
+    """Rows fed to something that takes one named step at a time."""
+
+    def observe_rows(self, rows) -> None:
+        for row in rows:
+            self.observe_step(from_row(row))
+
+
+class PerPhasePrometheus(PerStep):
     """The design not taken: prometheus_client called per phase (children bound once)."""
 
     def __init__(self) -> None:
@@ -75,7 +91,7 @@ class PerPhasePrometheus:
             h.observe((ph.end_ns - ph.start_ns) / 1e9)
 
 
-class PerPhaseOtelSdk:
+class PerPhaseOtelSdk(PerStep):
     """The design not taken: the OpenTelemetry SDK's instruments per phase (no export)."""
 
     def __init__(self) -> None:
@@ -98,17 +114,30 @@ class PerPhaseOtelSdk:
 
 
 class NoMetrics:
-    def observe_step(self, st: ResolvedStep) -> None:
+    def observe_rows(self, rows) -> None:
         pass
 
 
+class NamedCopyFeed(PerStep):
+    """The feed before ``observe_rows``: a ResolvedStep made of each row, observed on its own."""
+
+    def __init__(self, m: metrics.PhaseMetrics) -> None:
+        self.m = m
+        self.observe_step = m.observe_step
+
+
+def as_row(st: ResolvedStep) -> tuple:
+    return tuple(st[:PHASES]) + (tuple(tuple(p) for p in st.phases),) + tuple(st[PHASES + 1:])
+
+
 def time_round(m, steps: list, n: int) -> float:
-    observe = m.observe_step
     k = len(steps)
+    rows = [as_row(steps[i % k]) for i in range(n)]
+    feed, chunk = m.observe_rows, export.CHUNK
     # This thread's CPU time: on a shared machine, wall time also counts the time others ran.
     t0 = time.thread_time_ns()
-    for i in range(n):
-        observe(steps[i % k])
+    for i in range(0, n, chunk):
+        feed(rows[i:i + chunk])
     return (time.thread_time_ns() - t0) / n / 1000.0
 
 
@@ -130,6 +159,7 @@ def main() -> int:
             "prometheus": metrics.PhaseMetrics(RANKS, [prom]),
             "otlp": metrics.PhaseMetrics({**RANKS, "tp_rank": 1}, [otlp]),
             "both": metrics.PhaseMetrics({**RANKS, "tp_rank": 2}, [prom, otlp]),
+            "ref: a named copy per step": NamedCopyFeed(metrics.PhaseMetrics({**RANKS, "tp_rank": 4}, [prom])),
             "ref: prometheus_client per phase": PerPhasePrometheus(),
             "ref: OTel SDK instruments per phase": PerPhaseOtelSdk(),
         }
@@ -141,6 +171,7 @@ def main() -> int:
             for name in order:
                 times[name].append(time_round(variants[name], steps, args.steps))
         for m in variants.values():
+            m = getattr(m, "m", m)
             if isinstance(m, metrics.PhaseMetrics):
                 m.flush()
         otlp.shutdown(3)
@@ -155,8 +186,12 @@ def main() -> int:
         med = statistics.median(vals)
         result[name] = {"median_us": med, "min_us": min(vals), "max_us": max(vals), "over_noop_us": med - base}
         print(f"{name:<36} {med:>21.2f} {f'[{min(vals):.2f}, {max(vals):.2f}]':>18} {med - base:>12.2f}")
+    new, old = times["prometheus"], times["ref: a named copy per step"]
+    feed = median_ci([a / b for a, b in zip(new, old)])
+    print("prometheus / a named copy per step, paired: %.3f [%.3f, %.3f]" % (feed["median"], *feed["ci95"]))
     if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "steps": args.steps, "variants": result}, indent=2))
+        args.json.write_text(json.dumps({"rounds": args.rounds, "steps": args.steps, "variants": result,
+                                         "drain_feed_vs_named_copy": feed}, indent=2))
     return 0
 
 

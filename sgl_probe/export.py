@@ -165,8 +165,7 @@ class Pipeline:
         The summary takes every phase of them at once: it has no per-step state."""
         self.summary.add_rows(rows)
         if self.metrics is not None:
-            for row in rows:
-                self.metrics.observe_step(from_row(row))
+            self.metrics.observe_rows(rows)
 
     def drain(self, final: bool = False) -> int:
         """Resolve every step whose timers have completed; returns how many were resolved."""

@@ -28,11 +28,15 @@ from bisect import bisect_left
 from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 from sgl_probe.contract import ACCEPT_LENGTH_BUCKETS, PHASE_SECONDS_BUCKETS, RANK_LABELS
-from sgl_probe.resolved import ResolvedStep
+from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 
 log = logging.getLogger("sgl_probe")
 
 _INF = float("inf")
+#: Where a resolved step's and phase's fields sit in their rows.
+_MODE, _PHASES = ResolvedStep._fields.index("mode"), ResolvedStep._fields.index("phases")
+_PH_PHASE, _PH_START, _PH_END, _PH_GRAPH, _PH_MODE, _PH_ACCEPT = (
+    ResolvedPhase._fields.index(f) for f in ("phase", "start_ns", "end_ns", "graph", "mode", "accept_length"))
 
 
 class Hist:
@@ -118,25 +122,37 @@ class PhaseMetrics:
 
     def observe_step(self, step: ResolvedStep) -> None:
         """Count the step and time each of its phases; never raises."""
+        self.observe_rows((step,))
+
+    def observe_rows(self, rows: Sequence[tuple]) -> None:
+        """:meth:`observe_step` for steps as the drain resolves them (plain tuples in
+        :class:`ResolvedStep`'s field order, its phases in :class:`ResolvedPhase`'s; a
+        ResolvedStep is one too): the fields read by position, so no named copy is made of
+        each step on the drain thread. Never raises."""
         if self.failed:
             return
         try:
-            steps = self._steps.get(step.mode)
-            if steps is None:
-                steps = self._steps[step.mode] = [{"forward_mode": step.mode or "unknown", **self.ranks}, 0]
-            steps[1] += 1
-            for ph in step.phases:
-                hist = self._phase.get((ph.phase, ph.mode, ph.graph))
-                if hist is None:
-                    hist = self._phase[(ph.phase, ph.mode, ph.graph)] = Hist({
-                        "phase": ph.phase, "forward_mode": ph.mode or "unknown",
-                        "cuda_graph": "true" if ph.graph else "false", **self.ranks}, PHASE_SECONDS_BUCKETS)
-                hist.add((ph.end_ns - ph.start_ns) / 1e9)
-                if ph.accept_length is not None:
-                    if self._accept is None:
-                        self._accept = Hist(dict(self.ranks), ACCEPT_LENGTH_BUCKETS)
-                    self._accept.add(ph.accept_length)
-            self._dirty = True
+            steps_of, phase_of, ranks = self._steps, self._phase, self.ranks
+            for row in rows:
+                mode = row[_MODE]
+                steps = steps_of.get(mode)
+                if steps is None:
+                    steps = steps_of[mode] = [{"forward_mode": mode or "unknown", **ranks}, 0]
+                steps[1] += 1
+                for ph in row[_PHASES]:
+                    key = (ph[_PH_PHASE], ph[_PH_MODE], ph[_PH_GRAPH])
+                    hist = phase_of.get(key)
+                    if hist is None:
+                        hist = phase_of[key] = Hist({
+                            "phase": key[0], "forward_mode": key[1] or "unknown",
+                            "cuda_graph": "true" if key[2] else "false", **ranks}, PHASE_SECONDS_BUCKETS)
+                    hist.add((ph[_PH_END] - ph[_PH_START]) / 1e9)
+                    accept = ph[_PH_ACCEPT] if len(ph) > _PH_ACCEPT else None
+                    if accept is not None:
+                        if self._accept is None:
+                            self._accept = Hist(dict(ranks), ACCEPT_LENGTH_BUCKETS)
+                        self._accept.add(accept)
+                self._dirty = True
             self.maybe_flush()
         except Exception as exc:
             self._fail("observe_step", exc)

@@ -288,6 +288,50 @@ def test_batched_flushes_equal_prometheus_clients_own_observe():
     assert {k: pytest.approx(v) for k, v in got.items()} == want
 
 
+def test_the_drains_plain_rows_count_as_their_named_steps():
+    """The drain feeds the metrics its rows as plain tuples (the C drain's, not ResolvedStep), in
+    chunks: the same series as prometheus_client's own observe() per phase, accept lengths,
+    step counts by mode and both graph labels included."""
+    from prometheus_client import Counter, Histogram
+
+    from sgl_probe.metrics_prom import PrometheusSink
+
+    ranks = metrics.rank_labels(RANKS)
+    ours = CollectorRegistry()
+    m = metrics.PhaseMetrics(RANKS, [PrometheusSink(registry=ours)], flush_s=3600)
+    ref = CollectorRegistry()
+    hist = Histogram(contract.METRIC_PHASE_SECONDS, "ref", contract.PHASE_LABELS,
+                     buckets=contract.PHASE_SECONDS_BUCKETS, registry=ref)
+    acc = Histogram(contract.METRIC_ACCEPT_LENGTH, "ref", list(ranks), buckets=contract.ACCEPT_LENGTH_BUCKETS,
+                    registry=ref)
+    steps = Counter(contract.METRIC_STEPS, "ref", ["forward_mode", *ranks], registry=ref)
+    named = [step(0, phase("extend", 40.0, False, "EXTEND"), mode="EXTEND")]
+    named += [step(i, phase("decode", 0.1 * i, i % 3 == 0)) for i in range(1, 30)]
+    named += [spec_step(30 + i, accept=1.0 + i / 4) for i in range(7)]
+    rows = [tuple(st[:-2]) + (tuple(tuple(p) for p in st.phases), st.error) for st in named]
+    assert all(type(r) is tuple and type(r[-2][0]) is tuple for r in rows)
+    for i in range(0, len(rows), 16):
+        m.observe_rows(rows[i:i + 16])
+    m.flush()
+    for st in named:
+        steps.labels(forward_mode=st.mode, **ranks).inc()
+        for ph in st.phases:
+            hist.labels(phase=ph.phase, forward_mode=ph.mode, cuda_graph="true" if ph.graph else "false",
+                        **ranks).observe((ph.end_ns - ph.start_ns) / 1e9)
+            if ph.accept_length is not None:
+                acc.labels(**ranks).observe(ph.accept_length)
+
+    names = (contract.METRIC_PHASE_SECONDS, contract.METRIC_ACCEPT_LENGTH, contract.METRIC_STEPS)
+
+    def series(reg):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples(generate_latest(reg).decode())
+                if s.name.startswith(names) and not s.name.endswith("_created")}
+
+    got, want = series(ours), series(ref)
+    assert {k for k in want if k[0].startswith(contract.METRIC_ACCEPT_LENGTH)}  # the reference has them all
+    assert {k: pytest.approx(v) for k, v in got.items() if k in want} == want
+
+
 # --- the Grafana dashboard against the code ---------------------------------------------------
 
 def exported_series() -> tuple[set, set]:

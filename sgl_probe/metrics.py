@@ -11,12 +11,13 @@ Two outputs, each only when the user asked for it:
 
 ``SGL_PROBE_METRICS=off`` turns both off. Whichever process receives resolved steps builds one
 :class:`PhaseMetrics` per rank with :func:`sgl_probe.metrics_setup.phase_metrics` and calls
-``observe_step`` for each step, and ``maybe_flush`` when idle.
+``observe_rows`` with the steps as they are resolved (``observe_step`` for one), and
+``maybe_flush`` when idle.
 
-Steps are aggregated here, in plain Python (a bisect and a few additions per phase, about a
-microsecond); the sinks get cumulative snapshots at most once per ``flush_s``. Recording each
-phase into prometheus_client's multiprocess files or the OpenTelemetry SDK's instruments costs
-5x to 12x that (BENCHMARKS.md, "Metrics path"). A failure in a sink costs one
+Steps are aggregated here, in plain Python (a bisect and a few additions per phase, 1-2 µs per
+step); the sinks get cumulative snapshots at most once per ``flush_s``. Recording each phase
+into prometheus_client's multiprocess files or the OpenTelemetry SDK's instruments costs 7x to
+15x that (BENCHMARKS.md, "Metrics path"). A failure in a sink costs one
 log line and switches the metrics off; it never reaches the caller.
 """
 
@@ -155,7 +156,7 @@ class PhaseMetrics:
                 self._dirty = True
             self.maybe_flush()
         except Exception as exc:
-            self._fail("observe_step", exc)
+            self._fail("observe_rows", exc)
 
     def set_dropped(self, total: int) -> None:
         """The rank's total of dropped steps so far (the counter follows it up)."""

@@ -133,14 +133,19 @@ def print_table(r: dict) -> None:
         if not isinstance(x, dict) or "ratios_vs_untimed" not in x:
             continue
         rv = x["ratios_vs_untimed"]
-        target = 1.005 if name.startswith("graph") else 1.01
+        graph = name.startswith("graph")
+        # All CPU charged (the drain's and the export's CPU added to the step) has its own target
+        # on graph loops: 1.02; everything else 1.005 on graph loops, 1.01 on eager ones.
+        targets = {"probe_charged": 1.02} if graph else {}
+        target = 1.005 if graph else 1.01
         labels = {"probe_hot": "hot path", "probe": "full export in-block", "probe_charged": "all CPU charged",
                   "sync": "synchronize() timer"}
         # Only the probe as deployed is judged against the target; the rest are diagnostics.
         judged = ("probe", "probe_hot", "probe_charged")
         print("%-24s %6.2f ms  %s" % (name, x["step_ms_events"], " | ".join(
             "%s %.4f [%.4f, %.4f]%s" % (labels.get(k, k), v["median_ratio"], *v["ci95"],
-                                        "" if k not in judged else (" met" if v["ci95"][1] <= target else " MISSED"))
+                                        "" if k not in judged else
+                                        (" met" if v["ci95"][1] <= targets.get(k, target) else " MISSED"))
             for k, v in rv.items())))
         p99 = (x.get("p99_step_ratio_vs_untimed") or {}).get("probe")
         gpu99 = (x.get("p99_gpu_step_ratio_vs_untimed") or {}).get("probe")

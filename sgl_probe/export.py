@@ -193,7 +193,7 @@ class Pipeline:
                         kept_slow += [False] * len(rows)
                     else:
                         for row in rows:
-                            keep, slow = sampling.keep(from_row(row))
+                            keep, slow = sampling.keep_row(row)
                             if keep:
                                 kept.append(row)
                                 kept_slow.append(slow)

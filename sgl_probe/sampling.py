@@ -23,6 +23,10 @@ from sgl_probe.resolved import ResolvedStep
 
 log = logging.getLogger("sgl_probe")
 
+#: Where a resolved step's fields sit in its row.
+_INDEX, _START, _END, _MODE = (ResolvedStep._fields.index(f) for f in ("index", "start_ns", "end_ns", "mode"))
+_TRACE_ID_LIMIT = TraceIdRatioBased.TRACE_ID_LIMIT
+
 _NAMES = ("always_on", "always_off", "traceidratio", "parentbased_always_on",
           "parentbased_always_off", "parentbased_traceidratio")
 
@@ -61,10 +65,16 @@ class SlowSteps:
 
     def is_slow(self, step: ResolvedStep) -> bool:
         """Records the step and says whether it is over the p99 of the steps before it."""
-        dur = step.end_ns - step.start_ns
-        entry = self._seen.get(step.mode)
+        return self.is_slow_row(step)
+
+    def is_slow_row(self, row: tuple) -> bool:
+        """:meth:`is_slow` for a step as the drain resolves it (a plain tuple in ResolvedStep's
+        field order; a ResolvedStep is one too)."""
+        dur = row[_END] - row[_START]
+        mode = row[_MODE]
+        entry = self._seen.get(mode)
         if entry is None:
-            entry = self._seen[step.mode] = [collections.deque(maxlen=self.window), 0, None]
+            entry = self._seen[mode] = [collections.deque(maxlen=self.window), 0, None]
         durations = entry[0]
         p99 = entry[2]
         durations.append(dur)
@@ -86,17 +96,23 @@ class StepSampling:
         self.slow = SlowSteps()
         self.sampled_out = 0
         self.kept_slow = 0
+        self._bound_for: Optional[Sampler] = None  # the sampler _bound was worked out for
+        self._bound: Optional[int] = None
+        self._trace_ids: Optional[tuple] = None  # ((run id, dp rank), step_trace_ids for them)
 
     @property
     def always(self) -> bool:
         return self.sampler is None
 
     def keep(self, step: ResolvedStep) -> tuple[bool, bool]:
-        slow = self.slow.is_slow(step)
+        return self.keep_row(step)
+
+    def keep_row(self, row: tuple) -> tuple[bool, bool]:
+        """:meth:`keep` for a step as the drain resolves it (a plain tuple in ResolvedStep's field
+        order): the drain thread decides every step, so no named copy is made of it."""
+        slow = self.slow.is_slow_row(row)
         try:
-            trace_id = spans_mod.step_trace_id(self.run_id, self.ident, step.index)
-            sampled = self.sampler.should_sample(None, trace_id, "sglang.step").decision \
-                == Decision.RECORD_AND_SAMPLE
+            sampled = self._sampled(row[_INDEX])
         except Exception:
             sampled = True
         if sampled:
@@ -106,3 +122,34 @@ class StepSampling:
             return True, True
         self.sampled_out += 1
         return False, False
+
+    def _sampled(self, index: int) -> bool:
+        key = (self.run_id, self.ident.get("dp_rank", 0))
+        if self._trace_ids is None or self._trace_ids[0] != key:  # the ranks arrive after the first steps may
+            self._trace_ids = (key, spans_mod.step_trace_ids(self.run_id, self.ident))
+        trace_id = self._trace_ids[1](index)
+        if self._bound_for is not self.sampler:
+            self._bound_for, self._bound = self.sampler, _ratio_bound(self.sampler)
+        bound = self._bound
+        if bound is not None:
+            return trace_id & _TRACE_ID_LIMIT < bound
+        return self.sampler.should_sample(None, trace_id, "sglang.step").decision == Decision.RECORD_AND_SAMPLE
+
+
+def _ratio_bound(sampler: Optional[Sampler]) -> Optional[int]:
+    """The bound a TraceIdRatioBased sampler compares trace ids with, where its rule is the one this
+    module applies directly (checked on trace ids around the bound; the SDK's call builds a result
+    object per step); None: ask the sampler."""
+    if type(sampler) is not TraceIdRatioBased:
+        return None
+    try:
+        bound = sampler.bound
+        probes = {0, 1, bound - 1, bound, bound + 1, _TRACE_ID_LIMIT, (1 << 127) | max(bound - 1, 0), (1 << 127) | bound}
+        for tid in probes:
+            tid &= (1 << 128) - 1
+            want = sampler.should_sample(None, tid, "sglang.step").decision == Decision.RECORD_AND_SAMPLE
+            if want != (tid & _TRACE_ID_LIMIT < bound):
+                return None
+        return bound
+    except Exception:
+        return None

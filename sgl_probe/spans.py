@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -43,6 +43,21 @@ def new_span_id() -> int:
 def step_trace_id(run_id: str, ident: dict, index: int) -> int:
     """Every rank of a data-parallel replica puts step ``index`` in the same trace."""
     return derived_trace_id(run_id, "dp%s" % ident.get("dp_rank", 0), "step", index)
+
+
+def step_trace_ids(run_id: str, ident: dict) -> Callable[[int], int]:
+    """:func:`step_trace_id` of one run and replica as a function of the index, the key's common
+    prefix hashed once (blake2b streams: its state plus the index is the whole key's hash), for
+    the drain thread, which derives one per step when a sampler decides."""
+    prefix = hashlib.blake2b(("/".join([run_id, "dp%s" % ident.get("dp_rank", 0), "step"]) + "/").encode(),
+                             digest_size=16)
+
+    def trace_id(index: int) -> int:
+        h = prefix.copy()
+        h.update(str(index).encode())
+        return int.from_bytes(h.digest(), "big") or 1
+
+    return trace_id
 
 
 def _status(error: Optional[str]) -> Status:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from sgl_probe import export, metrics, metrics_otlp, metrics_prom  # noqa: E402
-from sgl_probe.resolved import PHASES, ResolvedPhase, ResolvedStep, from_row  # noqa: E402
+from sgl_probe.resolved import ResolvedPhase, ResolvedStep, from_row, to_row  # noqa: E402
 from sgl_probe.testing.receiver import OTLPReceiver  # noqa: E402
 from gpu_common import median_ci  # noqa: E402
 
@@ -126,13 +126,9 @@ class NamedCopyFeed(PerStep):
         self.observe_step = m.observe_step
 
 
-def as_row(st: ResolvedStep) -> tuple:
-    return tuple(st[:PHASES]) + (tuple(tuple(p) for p in st.phases),) + tuple(st[PHASES + 1:])
-
-
 def time_round(m, steps: list, n: int) -> float:
     k = len(steps)
-    rows = [as_row(steps[i % k]) for i in range(n)]
+    rows = [to_row(steps[i % k]) for i in range(n)]
     feed, chunk = m.observe_rows, export.CHUNK
     # This thread's CPU time: on a shared machine, wall time also counts the time others ran.
     t0 = time.thread_time_ns()

@@ -25,7 +25,7 @@ from gpu_common import median_ci, print_result  # noqa: E402
 from opentelemetry.sdk.trace.sampling import Decision  # noqa: E402
 
 from sgl_probe import sampling, spans  # noqa: E402
-from sgl_probe.resolved import ResolvedPhase, ResolvedStep, from_row  # noqa: E402
+from sgl_probe.resolved import ResolvedPhase, ResolvedStep, from_row, to_row  # noqa: E402
 
 IDENT = {"tp_rank": 0, "dp_rank": 0, "pp_rank": 0}
 
@@ -39,7 +39,7 @@ def rows(n: int) -> list[tuple]:
         ns = int((20.0 if i % 97 == 0 else 1.0 + rnd.random() * 0.1) * 1e6)
         ph = ResolvedPhase("decode" if mode == "DECODE" else "extend", 0, ns, True, mode, 8, 8, 0.05, "t")
         st = ResolvedStep(i, 0, ns, mode, 8, 8, 0.1, "cuda", (ph,))
-        out.append(tuple(st[:-2]) + (tuple(tuple(p) for p in st.phases), st.error))
+        out.append(to_row(st))
     return out
 
 

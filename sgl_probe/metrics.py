@@ -148,7 +148,7 @@ class PhaseMetrics:
                             "phase": key[0], "forward_mode": key[1] or "unknown",
                             "cuda_graph": "true" if key[2] else "false", **ranks}, PHASE_SECONDS_BUCKETS)
                     hist.add((ph[_PH_END] - ph[_PH_START]) / 1e9)
-                    accept = ph[_PH_ACCEPT] if len(ph) > _PH_ACCEPT else None
+                    accept = ph[_PH_ACCEPT]
                     if accept is not None:
                         if self._accept is None:
                             self._accept = Hist(dict(ranks), ACCEPT_LENGTH_BUCKETS)

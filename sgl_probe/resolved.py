@@ -49,6 +49,12 @@ class ResolvedStep(NamedTuple):
 PHASES = ResolvedStep._fields.index("phases")
 
 
+def to_row(step: ResolvedStep) -> tuple:
+    """The plain form :func:`from_row` reads back: what the drain makes of a step (benchmarks and
+    tests feed named steps to the code that takes rows)."""
+    return tuple(step[:PHASES]) + (tuple(map(tuple, step[PHASES])),) + tuple(step[PHASES + 1:])
+
+
 def from_row(row: tuple) -> ResolvedStep:
     """A step as the drain thread resolves it and the link carries it (plain tuples in these
     fields' order, its phases too: they pickle in C, where these classes would each cost a

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sgl_probe import config, contract, metrics, metrics_otlp, metrics_setup
-from sgl_probe.resolved import ResolvedPhase, ResolvedStep
+from sgl_probe.resolved import ResolvedPhase, ResolvedStep, to_row
 from sgl_probe.testing.receiver import OTLPReceiver
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -63,7 +63,7 @@ def samples(text: str) -> list:
 RANK_SCRIPT = r"""
 import os, sys
 from sgl_probe.metrics_setup import phase_metrics
-from sgl_probe.resolved import ResolvedPhase, ResolvedStep
+from sgl_probe.resolved import ResolvedPhase, ResolvedStep, to_row
 rank, n = int(sys.argv[1]), int(sys.argv[2])
 m = phase_metrics({"tp_rank": rank, "dp_rank": 0, "pp_rank": 0}, mode="auto")
 assert m is not None and len(m.sinks) == 1, m
@@ -308,7 +308,7 @@ def test_the_drains_plain_rows_count_as_their_named_steps():
     named = [step(0, phase("extend", 40.0, False, "EXTEND"), mode="EXTEND")]
     named += [step(i, phase("decode", 0.1 * i, i % 3 == 0)) for i in range(1, 30)]
     named += [spec_step(30 + i, accept=1.0 + i / 4) for i in range(7)]
-    rows = [tuple(st[:-2]) + (tuple(tuple(p) for p in st.phases), st.error) for st in named]
+    rows = [to_row(st) for st in named]
     assert all(type(r) is tuple and type(r[-2][0]) is tuple for r in rows)
     for i in range(0, len(rows), 16):
         m.observe_rows(rows[i:i + 16])

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, TraceIdRatioBased
 
 from sgl_probe import sampling, spans
-from sgl_probe.resolved import ResolvedPhase, ResolvedStep
+from sgl_probe.resolved import ResolvedPhase, ResolvedStep, from_row, to_row
 
 
 @pytest.mark.parametrize("ident", [{"dp_rank": 0}, {"dp_rank": None}, {"dp_rank": 3}, {}])
@@ -69,7 +69,8 @@ def test_a_row_is_kept_as_its_named_step_and_as_the_sdk_decides():
              for i in range(1, 3001)]
     ratio = TraceIdRatioBased(0.2)
     for st in steps:
-        row = tuple(st[:-2]) + (tuple(tuple(p) for p in st.phases), st.error)
+        row = to_row(st)
+        assert type(row) is tuple and type(row[-2][0]) is tuple and from_row(row) == st
         got = by_row.keep_row(row)
         assert got == by_step.keep(st)
         sampled = ratio.should_sample(None, spans.step_trace_id("run-r", ident, st.index), "x").decision \

@@ -22,14 +22,12 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 STAGES = ("take", "summary", "encode", "all")
 
 
@@ -98,19 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(HERE))
-    from gpu_common import checkout, median_ci, print_result
+    from gpu_common import median_ci, print_result, revision_roots, worker_json
 
     with tempfile.TemporaryDirectory() as tmp:
-        roots = {"new": str(ROOT)}
-        if args.compare:
-            roots["base"] = str(checkout(args.compare, tmp))
+        roots = revision_roots(args.compare, tmp)
         runs: dict = {side: [] for side in roots}
         for i in range(args.runs):
             for side in (roots if i % 2 == 0 else list(roots)[::-1]):
-                cmd = [sys.executable, __file__, "--worker", roots[side], "--steps", str(args.steps),
-                       "--passes", str(args.passes), "--warmup", str(args.warmup)]
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
-                runs[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                runs[side].append(worker_json([sys.executable, __file__, "--worker", roots[side], "--steps",
+                                               str(args.steps), "--passes", str(args.passes), "--warmup",
+                                               str(args.warmup)]))
     out: dict = {"steps": args.steps, "passes": args.passes, "warmup": args.warmup, "runs": args.runs,
                  "python": sys.version.split()[0]}
     if args.compare:

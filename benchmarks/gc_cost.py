@@ -30,7 +30,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -131,12 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(HERE))
-    from gpu_common import checkout, median_ci, print_result, rotation
+    from gpu_common import median_ci, print_result, revision_roots, rotation, worker_json
 
     with tempfile.TemporaryDirectory() as tmp:
-        roots = {"new": str(ROOT)}
-        if args.compare:
-            roots["base"] = str(checkout(args.compare, tmp))
+        roots = revision_roots(args.compare, tmp)
         runs: dict = {(side, state): [] for side in roots for state in STATES}
         variants = list(runs)
         for i in range(args.turns):
@@ -144,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, __file__, "--worker", "--state", state, "--probe-root", roots[side],
                        "--heap", str(args.heap), "--steps", str(args.steps), "--churn", str(args.churn),
                        "--churn-life", str(args.churn_life), "--drain-every", str(args.drain_every)]
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
-                runs[(side, state)].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                runs[(side, state)].append(worker_json(cmd))
 
     def probe_share(side: str, key: str) -> list:  # recording minus paused, per turn
         return [r[key] - p[key] for r, p in zip(runs[(side, "recording")], runs[(side, "paused")])]

@@ -59,6 +59,22 @@ def median_ci(values: Sequence[float]) -> dict:
     return {"median": med, "ci95": [lo, hi]}
 
 
+def revision_roots(compare: Optional[str], into: str) -> dict[str, str]:
+    """The probes a ``--compare`` benchmark runs: ``new`` (this tree) and, given a revision,
+    ``base`` (:func:`checkout` of it into ``into``)."""
+    roots = {"new": str(Path(__file__).resolve().parents[1])}
+    if compare:
+        roots["base"] = str(checkout(compare, into))
+    return roots
+
+
+def worker_json(cmd: list[str], timeout: float = 1800) -> dict:
+    """Run a benchmark's worker process; its result is the last line it prints, as JSON (a
+    failed worker raises)."""
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def checkout(rev: str, into: str) -> Path:
     """git revision ``rev`` of this repository extracted into ``into``, its C hot path compiled in
     place where it has one (the compiler command ``pip install`` runs), so that a benchmark's

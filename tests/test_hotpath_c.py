@@ -915,3 +915,38 @@ def test_the_c_timer_reads_each_events_handle_from_torch_once(hot, monkeypatch):
     timer.stop(timer.start(t + 2 * 10**6), t + 2 * 10**6 + 5)
     assert rt.calls[-1][:2] == ("record", 0xABC0)
     assert sum(1 for ev in reads[before:] if ev is fresh) == 2
+
+
+def test_values_the_c_wrappers_keep_follow_a_change(hot, monkeypatch):
+    """The C wrappers keep what they read from dicts that rarely change (CPython 3.12+: the
+    recorder's timer and max_pending, the timer's start / stop, its pool; the dicts' watchers drop a
+    kept value when its entry changes). A timer swapped in, a stop replaced on the instance, a
+    max_pending lowered and a pool replaced are each used from the next call on."""
+    rec = Recorder("cpu", 100, LOG, "c")
+    first, second = CpuTimer(), CpuTimer()
+    rec.timer = first
+    fwd = rec.phase_method(Hook(FORWARD), lambda w, b: None)
+    step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+    batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
+    for _ in range(3):
+        step(None, batch)
+    stops = []
+    second.stop = lambda token, now: stops.append(now) or now
+    rec.timer = second
+    step(None, batch)
+    assert len(stops) == 1 and rec.steps[-1].phases[0].t_end == stops[0]
+    second.stop = lambda token, now: 42
+    step(None, batch)
+    assert rec.steps[-1].phases[0].t_end == 42 and len(stops) == 1
+    n = len(rec.steps)
+    rec.max_pending = n  # full: the next step is dropped
+    step(None, batch)
+    assert len(rec.steps) == n and rec.dropped_steps == 1
+
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    t = 10**12
+    end = timer.stop(timer.start(t), t + 5)
+    timer.release(None, end)
+    mine = ft.cuda.Event(enable_timing=True)
+    timer._pool = [mine]
+    assert timer.stop(timer.start(t + 10), t + 15)[0] is mine

@@ -542,10 +542,9 @@ kept_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObje
         Kept *k = kept_all[i];
         if (k->dict != dict)
             continue;
-        if (one_key && key != k->key && !(PyUnicode_Check(key) && PyUnicode_Compare(key, k->key) == 0)) {
-            PyErr_Clear();
+        /* (two str: the comparison cannot fail) */
+        if (one_key && key != k->key && !(PyUnicode_Check(key) && PyUnicode_Compare(key, k->key) == 0))
             continue;
-        }
         k->dict = NULL;
     }
     return 0;

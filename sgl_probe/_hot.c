@@ -432,14 +432,6 @@ record_get(PyObject *obj, PyTypeObject *type, Py_ssize_t offset, PyObject *name)
 
 /* ---- the wrappers (Recorder.step_method / Recorder.phase_method) --------------------------- */
 
-/* A value read from a dict, kept while that dict says it has not changed (see kept_get). */
-typedef struct {
-    PyObject *dict;  /* borrowed; NULL: nothing kept */
-    PyObject *key;   /* one of this module's interned names */
-    PyObject *value; /* borrowed from dict */
-    int registered;
-} Kept;
-
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -460,10 +452,8 @@ typedef struct {
        ``__slots__``): read there directly instead of through the attribute machinery (the type's
        look-up and the instance's, a few cache-cold lines on every wrapped call); -1 otherwise. */
     Py_ssize_t enabled_offset;
-    /* Read through kept values (see Kept): the clock; the recorder's timer and max_pending through
-       the recorder's dict; the timer's start / stop through the dict of the timer last seen. */
-    PyObject *rec_dict, *timer_seen, *timer_dict;
-    Kept k_clock, k_timer, k_max_pending, k_start, k_stop;
+    /* This hook's entry in the watched clock namespaces (now_ns), or -1. */
+    int clock_slot;
     int fast_read; /* FAST_STEP / FAST_FORWARD: the reader's common case in C (see read_fast) */
     int mark;      /* MarkHook: MARK_GRAPH or MARK_LAUNCH */
 } HookObject;
@@ -479,26 +469,15 @@ hook_traverse(HookObject *h, visitproc visit, void *arg)
     PyObject **f = HOOK_OBJS(h);
     for (int i = 0; i < N_HOOK_OBJS; i++)
         Py_VISIT(f[i]);
-    Py_VISIT(h->rec_dict);
-    Py_VISIT(h->timer_seen);
-    Py_VISIT(h->timer_dict);
     return 0;
 }
-
-static void kept_forget(Kept *k);
 
 static int
 hook_clear(HookObject *h)
 {
-    Kept *kept[] = {&h->k_clock, &h->k_timer, &h->k_max_pending, &h->k_start, &h->k_stop};
-    for (int i = 0; i < 5; i++)
-        kept_forget(kept[i]);
     PyObject **f = HOOK_OBJS(h);
     for (int i = 0; i < N_HOOK_OBJS; i++)
         Py_CLEAR(f[i]);
-    Py_CLEAR(h->rec_dict);
-    Py_CLEAR(h->timer_seen);
-    Py_CLEAR(h->timer_dict);
     return 0;
 }
 
@@ -511,153 +490,77 @@ hook_descr_get(PyObject *self, PyObject *obj, PyObject *type)
     return PyMethod_New(self, obj);
 }
 
-/* ---- values kept while their dict says they have not changed (CPython 3.12+) ----------------------
-   The wrappers read a handful of values that stay the same for the life of the server (the
-   recorder's timer, the timer's start / stop and its containers, the recorder module's clock) through
-   dict look-ups on dicts SGLang's work has pushed out of the caches: a few cache-cold lines each, on
-   every wrapped call. Where CPython can watch a dict (3.12+), a value is read once and kept until the
-   watcher sees that key of that dict change (or the dict cleared or freed); the next read looks it up
-   again. A kept value is borrowed from its dict: any change to that entry drops it first. Before 3.12
-   every read is a look-up, as before. */
-
+/* The clock namespaces (the recorder module's globals, which tests patch) whose
+   ``perf_counter_ns`` was last seen to be time.perf_counter_ns. Where CPython can watch a dict
+   (3.12+), that answer is kept until the dict changes, so a clock read does not look the name up
+   in a cache-cold module dict each time; any change to the dict (a patched clock included) drops
+   it, and the next read looks again. Slots are borrowed: a dict's deallocation clears its own. */
+#define CLOCK_SLOTS 8
 #if PY_VERSION_HEX >= 0x030C0000
-#define KEEP_WATCH 1
-/* An instance's attribute dict too: in 3.12 a store to an object whose dict was made is a store to
-   that dict, which its watcher sees; 3.13 keeps such attributes in the object itself and may store
-   there without telling the dict's watchers, so from 3.13 on only real dicts (a module's) are kept. */
-#if PY_VERSION_HEX < 0x030D0000
-#define KEEP_INSTANCE 1
-#endif
-#define KEPT_MAX 256
-static int kept_watcher = -1;
-static Kept *kept_all[KEPT_MAX];
-static int n_kept_all;
+#define CLOCK_WATCH 1
+static int clock_watcher = -1;
+static PyObject *clock_dicts[CLOCK_SLOTS];
+static int clock_is_default[CLOCK_SLOTS];
 
 static int
-kept_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
+clock_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
 {
+    (void)key;
     (void)new_value;
-    int one_key = event == PyDict_EVENT_ADDED || event == PyDict_EVENT_MODIFIED || event == PyDict_EVENT_DELETED;
-    for (int i = 0; i < n_kept_all; i++) {
-        Kept *k = kept_all[i];
-        if (k->dict != dict)
-            continue;
-        /* (two str: the comparison cannot fail) */
-        if (one_key && key != k->key && !(PyUnicode_Check(key) && PyUnicode_Compare(key, k->key) == 0))
-            continue;
-        k->dict = NULL;
-    }
+    for (int i = 0; i < CLOCK_SLOTS; i++)
+        if (clock_dicts[i] == dict) {
+            clock_is_default[i] = 0;
+            if (event == PyDict_EVENT_DEALLOCATED)
+                clock_dicts[i] = NULL;
+        }
     return 0;
 }
 
+/* h's namespace holds time.perf_counter_ns: remember it (watching the dict from now on). */
 static void
-kept_keep(Kept *k, PyObject *dict, PyObject *key, PyObject *value)
+clock_seen_default(HookObject *h)
 {
-    if (kept_watcher < 0)
+    if (clock_watcher < 0)
         return;
-    if (!k->registered) {
-        if (n_kept_all >= KEPT_MAX)
-            return; /* all taken: this one is looked up every time */
-        kept_all[n_kept_all++] = k;
-        k->registered = 1;
+    int slot = h->clock_slot;
+    if (slot < 0 || clock_dicts[slot] != h->clock_from) {
+        slot = -1;
+        for (int i = 0; i < CLOCK_SLOTS && slot < 0; i++)
+            if (clock_dicts[i] == h->clock_from)
+                slot = i;
+        for (int i = 0; i < CLOCK_SLOTS && slot < 0; i++)
+            if (clock_dicts[i] == NULL) {
+                if (PyDict_Watch(clock_watcher, h->clock_from) < 0) {
+                    PyErr_Clear();
+                    return;
+                }
+                clock_dicts[i] = h->clock_from;
+                slot = i;
+            }
+        if (slot < 0)
+            return; /* all taken: this namespace is looked up every time, as before */
+        h->clock_slot = slot;
     }
-    if (PyDict_Watch(kept_watcher, dict) < 0) {
-        PyErr_Clear();
-        return;
-    }
-    k->key = key;
-    k->value = value;
-    k->dict = dict;
+    clock_is_default[slot] = 1;
 }
 #endif
-
-/* k's owner is going away: forget it. */
-static void
-kept_forget(Kept *k)
-{
-    k->dict = NULL;
-#ifdef KEEP_WATCH
-    if (!k->registered)
-        return;
-    for (int i = 0; i < n_kept_all; i++)
-        if (kept_all[i] == k) {
-            kept_all[i] = kept_all[--n_kept_all];
-            break;
-        }
-    k->registered = 0;
-#endif
-}
-
-/* dict[key], borrowed; NULL with no error set where absent. */
-static inline PyObject *
-kept_get(Kept *k, PyObject *dict, PyObject *key)
-{
-#ifdef KEEP_WATCH
-    if (k->dict == dict)
-        return k->value;
-#endif
-    PyObject *v = PyDict_GetItemWithError(dict, key);
-#ifdef KEEP_WATCH
-    if (v != NULL)
-        kept_keep(k, dict, key, v);
-#endif
-    return v;
-}
-
-/* The dict that getattr(obj, name) and getattr(obj, name2) read for instance attributes, where
-   they do: a plain object (generic attribute look-up) whose class has no data descriptor of either
-   name. A new reference, or
-   NULL (no error set) where getattr must be asked each time. */
-static PyObject *
-attr_dict(PyObject *obj, PyObject *name, PyObject *name2)
-{
-#ifndef KEEP_INSTANCE
-    (void)obj, (void)name, (void)name2;
-    return NULL;
-#endif
-    if (Py_TYPE(obj)->tp_getattro != PyObject_GenericGetAttr || Py_TYPE(obj)->tp_dictoffset == 0)
-        return NULL;
-    PyObject *names[2] = {name, name2};
-    for (int i = 0; i < 2; i++) {
-        PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(obj), names[i]);
-        if (d == NULL)
-            PyErr_Clear();
-        int data = d != NULL && Py_TYPE(d)->tp_descr_set != NULL;
-        Py_XDECREF(d);
-        if (data)
-            return NULL;
-    }
-    PyObject *dict = PyObject_GenericGetDict(obj, NULL);
-    if (dict == NULL || !PyDict_CheckExact(dict)) {
-        PyErr_Clear();
-        Py_XDECREF(dict);
-        return NULL;
-    }
-    return dict;
-}
-
-/* getattr(obj, name) through ``dict`` (attr_dict's, or NULL) and k. A new reference. */
-static PyObject *
-kept_attr(Kept *k, PyObject *obj, PyObject *dict, PyObject *name)
-{
-    if (dict != NULL) {
-        PyObject *v = kept_get(k, dict, name);
-        if (v != NULL)
-            return Py_NewRef(v);
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    return PyObject_GetAttr(obj, name); /* absent from the dict: the class's, or the AttributeError */
-}
 
 /* The clock the Python version reads (its module's ``perf_counter_ns``, which tests replace): the
    C clock itself while that is time.perf_counter_ns. */
 static PyObject *
 now_ns(HookObject *h)
 {
-    PyObject *fn = kept_get(&h->k_clock, h->clock_from, s_perf_counter_ns);
-    if (fn == perf_counter_ns)
+#ifdef CLOCK_WATCH
+    if (h->clock_slot >= 0 && clock_is_default[h->clock_slot] && clock_dicts[h->clock_slot] == h->clock_from)
         return clock_ns();
+#endif
+    PyObject *fn = PyDict_GetItemWithError(h->clock_from, s_perf_counter_ns);
+    if (fn == perf_counter_ns) {
+#ifdef CLOCK_WATCH
+        clock_seen_default(h);
+#endif
+        return clock_ns();
+    }
     if (fn == NULL) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_NameError, "perf_counter_ns");
@@ -924,7 +827,7 @@ step_finish(HookObject *h, StepRecordObject *st)
     Py_ssize_t queued = PyObject_Size(h->queue);
     if (queued < 0)
         return -1;
-    PyObject *maxp = kept_attr(&h->k_max_pending, h->rec, h->rec_dict, s_max_pending);
+    PyObject *maxp = PyObject_GetAttr(h->rec, s_max_pending);
     if (maxp == NULL)
         return -1;
     PyObject *n = PyLong_FromSsize_t(queued);
@@ -959,7 +862,7 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
 
     StepRecordObject *st = NULL;
     {
-        PyObject *timer = kept_attr(&h->k_timer, h->rec, h->rec_dict, s_timer);
+        PyObject *timer = PyObject_GetAttr(h->rec, s_timer);
         if (timer == NULL)
             goto probe_error;
         if (timer == Py_None) {
@@ -1047,16 +950,10 @@ passthrough_failed:
 static PyObject *
 timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n)
 {
-    PyObject *timer = kept_attr(&h->k_timer, h->rec, h->rec_dict, s_timer);
+    PyObject *timer = PyObject_GetAttr(h->rec, s_timer);
     if (timer == NULL)
         return NULL;
-    if (timer != h->timer_seen) { /* the first call, or a new timer (e.g. after a fork) */
-        kept_forget(&h->k_start);
-        kept_forget(&h->k_stop);
-        Py_XSETREF(h->timer_dict, attr_dict(timer, s_start, s_stop));
-        Py_XSETREF(h->timer_seen, Py_NewRef(timer));
-    }
-    PyObject *fn = kept_attr(name == s_start ? &h->k_start : &h->k_stop, timer, h->timer_dict, name);
+    PyObject *fn = PyObject_GetAttr(timer, name);
     Py_DECREF(timer);
     if (fn == NULL)
         return NULL;
@@ -1354,14 +1251,8 @@ hook_alloc(PyTypeObject *type, vectorcallfunc call, PyObject *tls, PyObject *hoo
     h->leave_attr = 0;
     h->fast_read = FAST_NONE;
     h->mark = 0;
+    h->clock_slot = -1;
     h->enabled_offset = enabled_slot(hook);
-    memset(&h->k_clock, 0, sizeof(Kept));
-    memset(&h->k_timer, 0, sizeof(Kept));
-    memset(&h->k_max_pending, 0, sizeof(Kept));
-    memset(&h->k_start, 0, sizeof(Kept));
-    memset(&h->k_stop, 0, sizeof(Kept));
-    h->timer_seen = h->timer_dict = NULL;
-    h->rec_dict = rec == Py_None ? NULL : attr_dict(rec, s_timer, s_max_pending);
     return h;
 }
 
@@ -1489,8 +1380,6 @@ typedef struct {
     /* Event object -> its cudaEvent_t (event_handle), or NULL before the first. */
     struct EvHandle *evh;
     Py_ssize_t evh_n;
-    /* The timer's entries that stay put (see Kept): _raw_stream, _pool, _anchors. */
-    Kept k_raw, k_pool, k_anchors;
 } CudaFastObject;
 
 /* torch's events' raw handles by object, open addressing on the object's address. The pool cycles
@@ -1576,9 +1465,6 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->on_fail);
     Py_CLEAR(f->handles);
     evh_free(f);
-    kept_forget(&f->k_raw);
-    kept_forget(&f->k_pool);
-    kept_forget(&f->k_anchors);
     return 0;
 }
 
@@ -1617,9 +1503,6 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->handles = handles;
     f->evh = NULL;
     f->evh_n = 0;
-    memset(&f->k_raw, 0, sizeof(Kept));
-    memset(&f->k_pool, 0, sizeof(Kept));
-    memset(&f->k_anchors, 0, sizeof(Kept));
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
     f->event_record = (event_record_fn)record;
@@ -1636,22 +1519,6 @@ static PyObject *
 state_get(CudaFastObject *f, PyObject *name)
 {
     PyObject *v = PyDict_GetItemWithError(f->state, name);
-    if (v == NULL && !PyErr_Occurred())
-        v = Py_None;
-    return v;
-}
-
-/* state_get through a kept value (an entry that stays put; the timer's dict is its instance dict,
-   see KEEP_INSTANCE). */
-static PyObject *
-state_kept(CudaFastObject *f, Kept *k, PyObject *name)
-{
-#ifdef KEEP_INSTANCE
-    PyObject *v = kept_get(k, f->state, name);
-#else
-    (void)k;
-    PyObject *v = PyDict_GetItemWithError(f->state, name);
-#endif
     if (v == NULL && !PyErr_Occurred())
         v = Py_None;
     return v;
@@ -1784,7 +1651,7 @@ current_stream(CudaFastObject *f, PyObject **key_out, PyObject **stream_out)
 static int
 current_stream_runtime(CudaFastObject *f, PyObject **key_out, PyObject **stream_out, void **handle_out)
 {
-    PyObject *raw = state_kept(f, &f->k_raw, s__raw_stream);
+    PyObject *raw = state_get(f, s__raw_stream);
     if (raw == NULL)
         return -1;
     PyObject *h = NULL;
@@ -1866,7 +1733,7 @@ torch_record(CudaFastObject *f, PyObject *ev, PyObject *stream)
 static PyObject *
 pop_event(CudaFastObject *f)
 {
-    PyObject *pool = state_kept(f, &f->k_pool, s__pool);
+    PyObject *pool = state_need(f, s__pool);
     if (pool == NULL)
         return NULL;
     Py_ssize_t n = PyList_Check(pool) ? PyList_GET_SIZE(pool) : 0;
@@ -1935,7 +1802,7 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     PyObject *device = PyTuple_GET_ITEM(key, 1);
-    PyObject *anchors = state_kept(f, &f->k_anchors, s__anchors);
+    PyObject *anchors = state_need(f, s__anchors);
     if (anchors == NULL || !PyDict_Check(anchors)) {
         if (anchors != NULL)
             PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's anchors are not a dict");
@@ -3587,9 +3454,9 @@ PyInit__hot(void)
     Py_DECREF(time_mod);
     if (perf_counter_ns == NULL)
         return NULL;
-#ifdef KEEP_WATCH
-    if ((kept_watcher = PyDict_AddWatcher(kept_dict_changed)) < 0)
-        PyErr_Clear(); /* none free: every read is a look-up, as before 3.12 */
+#ifdef CLOCK_WATCH
+    if ((clock_watcher = PyDict_AddWatcher(clock_dict_changed)) < 0)
+        PyErr_Clear(); /* none free: the clock is looked up on every read, as before 3.12 */
 #endif
     PyTypeObject *types[] = {&PhaseRecordType, &StepRecordType, &StepHookType, &PhaseHookType, &MarkHookType,
                              &CudaFastType};

@@ -918,10 +918,9 @@ def test_the_c_timer_reads_each_events_handle_from_torch_once(hot, monkeypatch):
 
 
 def test_values_the_c_wrappers_keep_follow_a_change(hot, monkeypatch):
-    """The C wrappers keep what they read from dicts that rarely change (CPython 3.12+: the
-    recorder's timer and max_pending, the timer's start / stop, its pool; the dicts' watchers drop a
-    kept value when its entry changes). A timer swapped in, a stop replaced on the instance, a
-    max_pending lowered and a pool replaced are each used from the next call on."""
+    """What the C wrappers read on every call from the recorder and its timer follows a change
+    from the next call on: a timer swapped in, a stop replaced on the instance, a max_pending
+    lowered, a pool replaced (none of it may be remembered past a change)."""
     rec = Recorder("cpu", 100, LOG, "c")
     first, second = CpuTimer(), CpuTimer()
     rec.timer = first

@@ -448,6 +448,12 @@ typedef struct {
        before the first. */
     PyObject *mode_seen;
     int leave_attr;
+    /* Where ``hook.enabled`` lives when the hook's class keeps it in a slot (instrument.Hook's
+       ``__slots__``): read there directly instead of through the attribute machinery (the type's
+       look-up and the instance's, a few cache-cold lines on every wrapped call); -1 otherwise. */
+    Py_ssize_t enabled_offset;
+    /* This hook's entry in the watched clock namespaces (now_ns), or -1. */
+    int clock_slot;
     int fast_read; /* FAST_STEP / FAST_FORWARD: the reader's common case in C (see read_fast) */
     int mark;      /* MarkHook: MARK_GRAPH or MARK_LAUNCH */
 } HookObject;
@@ -484,14 +490,77 @@ hook_descr_get(PyObject *self, PyObject *obj, PyObject *type)
     return PyMethod_New(self, obj);
 }
 
+/* The clock namespaces (the recorder module's globals, which tests patch) whose
+   ``perf_counter_ns`` was last seen to be time.perf_counter_ns. Where CPython can watch a dict
+   (3.12+), that answer is kept until the dict changes, so a clock read does not look the name up
+   in a cache-cold module dict each time; any change to the dict (a patched clock included) drops
+   it, and the next read looks again. Slots are borrowed: a dict's deallocation clears its own. */
+#define CLOCK_SLOTS 8
+#if PY_VERSION_HEX >= 0x030C0000
+#define CLOCK_WATCH 1
+static int clock_watcher = -1;
+static PyObject *clock_dicts[CLOCK_SLOTS];
+static int clock_is_default[CLOCK_SLOTS];
+
+static int
+clock_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
+{
+    (void)key;
+    (void)new_value;
+    for (int i = 0; i < CLOCK_SLOTS; i++)
+        if (clock_dicts[i] == dict) {
+            clock_is_default[i] = 0;
+            if (event == PyDict_EVENT_DEALLOCATED)
+                clock_dicts[i] = NULL;
+        }
+    return 0;
+}
+
+/* h's namespace holds time.perf_counter_ns: remember it (watching the dict from now on). */
+static void
+clock_seen_default(HookObject *h)
+{
+    if (clock_watcher < 0)
+        return;
+    int slot = h->clock_slot;
+    if (slot < 0 || clock_dicts[slot] != h->clock_from) {
+        slot = -1;
+        for (int i = 0; i < CLOCK_SLOTS && slot < 0; i++)
+            if (clock_dicts[i] == h->clock_from)
+                slot = i;
+        for (int i = 0; i < CLOCK_SLOTS && slot < 0; i++)
+            if (clock_dicts[i] == NULL) {
+                if (PyDict_Watch(clock_watcher, h->clock_from) < 0) {
+                    PyErr_Clear();
+                    return;
+                }
+                clock_dicts[i] = h->clock_from;
+                slot = i;
+            }
+        if (slot < 0)
+            return; /* all taken: this namespace is looked up every time, as before */
+        h->clock_slot = slot;
+    }
+    clock_is_default[slot] = 1;
+}
+#endif
+
 /* The clock the Python version reads (its module's ``perf_counter_ns``, which tests replace): the
    C clock itself while that is time.perf_counter_ns. */
 static PyObject *
 now_ns(HookObject *h)
 {
-    PyObject *fn = PyDict_GetItemWithError(h->clock_from, s_perf_counter_ns);
-    if (fn == perf_counter_ns)
+#ifdef CLOCK_WATCH
+    if (h->clock_slot >= 0 && clock_is_default[h->clock_slot] && clock_dicts[h->clock_slot] == h->clock_from)
         return clock_ns();
+#endif
+    PyObject *fn = PyDict_GetItemWithError(h->clock_from, s_perf_counter_ns);
+    if (fn == perf_counter_ns) {
+#ifdef CLOCK_WATCH
+        clock_seen_default(h);
+#endif
+        return clock_ns();
+    }
     if (fn == NULL) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_NameError, "perf_counter_ns");
@@ -568,6 +637,16 @@ cur_set(PyObject *cur, Py_ssize_t i, PyObject *v)
 static int
 hook_enabled(HookObject *h)
 {
+    if (h->enabled_offset >= 0) {
+        PyObject *v = *(PyObject **)((char *)h->hook + h->enabled_offset);
+        if (v == Py_True)
+            return 1;
+        if (v == Py_False)
+            return 0;
+        if (v != NULL)
+            return PyObject_IsTrue(v);
+        /* unset: the attribute machinery raises the AttributeError Python would */
+    }
     PyObject *v = PyObject_GetAttr(h->hook, s_enabled);
     if (v == NULL)
         return -1;
@@ -1122,6 +1201,26 @@ static PyGetSetDef hook_getset[] = {
 
 /* A wrapper with the fields every kind has; the others None (the constructors fill in theirs).
    ``queue``: where the wrapper appends (its bound ``append`` is kept), or None. */
+/* The offset of ``enabled`` in ``hook`` where its class keeps it in a plain object slot
+   (``__slots__``), else -1 (the attribute machinery reads it, as for any other hook object). */
+static Py_ssize_t
+enabled_slot(PyObject *hook)
+{
+    PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(hook), s_enabled);
+    if (d == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && m->offset > 0 && PyObject_TypeCheck(hook, PyDescr_TYPE(d)))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    return off;
+}
+
 static HookObject *
 hook_alloc(PyTypeObject *type, vectorcallfunc call, PyObject *tls, PyObject *hook, PyObject *orig, PyObject *clock_from,
            PyObject *rec, PyObject *spec, PyObject *target, PyObject *read, PyObject *queue)
@@ -1152,6 +1251,8 @@ hook_alloc(PyTypeObject *type, vectorcallfunc call, PyObject *tls, PyObject *hoo
     h->leave_attr = 0;
     h->fast_read = FAST_NONE;
     h->mark = 0;
+    h->clock_slot = -1;
+    h->enabled_offset = enabled_slot(hook);
     return h;
 }
 
@@ -1276,7 +1377,75 @@ typedef struct {
     /* The runtime path's stream look-up: torch's raw handle of the current stream (an int) ->
        (torch's key for it, the probe's Stream), filled by the full look-up (current_stream). */
     PyObject *handles;
+    /* Event object -> its cudaEvent_t (event_handle), or NULL before the first. */
+    struct EvHandle *evh;
+    Py_ssize_t evh_n;
 } CudaFastObject;
+
+/* torch's events' raw handles by object, open addressing on the object's address. The pool cycles
+   a bounded set of events (those of the steps the drain has not taken yet, ~a second's), and
+   reading ``event.cuda_event`` (a property returning a new int) on every phase's end and twice per
+   phase in the drain costs several cache-cold lines each; one slot here costs one. A handle never
+   changes once torch has created the event, and the table holds each event (a strong reference),
+   so an address cannot come back as another event. Half full, it stops taking more (the rest are
+   read from torch, as before). */
+#define EVH_CAP 8192
+struct EvHandle {
+    PyObject *ev;
+    void *handle;
+};
+
+static inline size_t
+evh_slot(PyObject *ev)
+{
+    return (size_t)(((uint64_t)(uintptr_t)ev >> 4) * 0x9E3779B97F4A7C15ULL >> 51) & (EVH_CAP - 1);
+}
+
+static int
+event_handle(CudaFastObject *f, PyObject *ev, void **out)
+{
+    struct EvHandle *t = f == NULL ? NULL : f->evh;
+    size_t i = 0;
+    if (t != NULL) {
+        for (i = evh_slot(ev); t[i].ev != NULL; i = (i + 1) & (EVH_CAP - 1))
+            if (t[i].ev == ev) {
+                *out = t[i].handle;
+                return 0;
+            }
+    }
+    PyObject *v = PyObject_GetAttr(ev, s_cuda_event);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsVoidPtr(v);
+    Py_DECREF(v);
+    if (PyErr_Occurred())
+        return -1;
+    if (*out == NULL || f == NULL || f->evh_n >= EVH_CAP / 2) /* not created yet: nothing to keep */
+        return 0;
+    if (t == NULL) {
+        if ((t = f->evh = PyMem_Calloc(EVH_CAP, sizeof(struct EvHandle))) == NULL)
+            return 0; /* no table: read from torch each time */
+        for (i = evh_slot(ev); t[i].ev != NULL; i = (i + 1) & (EVH_CAP - 1))
+            ;
+    }
+    t[i].ev = Py_NewRef(ev);
+    t[i].handle = *out;
+    f->evh_n++;
+    return 0;
+}
+
+static void
+evh_free(CudaFastObject *f)
+{
+    struct EvHandle *t = f->evh;
+    f->evh = NULL;
+    f->evh_n = 0;
+    if (t == NULL)
+        return;
+    for (Py_ssize_t i = 0; i < EVH_CAP; i++)
+        Py_XDECREF(t[i].ev);
+    PyMem_Free(t);
+}
 
 static int
 fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
@@ -1295,6 +1464,7 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->state);
     Py_CLEAR(f->on_fail);
     Py_CLEAR(f->handles);
+    evh_free(f);
     return 0;
 }
 
@@ -1331,6 +1501,8 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     f->handles = handles;
+    f->evh = NULL;
+    f->evh_n = 0;
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
     f->event_record = (event_record_fn)record;
@@ -1616,12 +1788,12 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     SECTION_T0(sec_ev);
     if ((ev = pop_event(f)) == NULL)
         goto done;
-    void *event_handle = NULL;
-    if (f->event_record != NULL && handle_of(ev, s_cuda_event, &event_handle) < 0)
+    void *ev_handle = NULL;
+    if (f->event_record != NULL && event_handle(f, ev, &ev_handle) < 0)
         goto done;
     SECTION_ADD(stop_event, sec_ev);
-    if (f->event_record != NULL && event_handle != NULL) {
-        int err = f->event_record(event_handle, stream_handle);
+    if (f->event_record != NULL && ev_handle != NULL) {
+        int err = f->event_record(ev_handle, stream_handle);
         SECTION_ADD(stop_record, sec_ev);
         if (err != 0 && (runtime_failed(f, "cudaEventRecord", err) < 0 || torch_record(f, ev, stream) < 0))
             goto done;
@@ -1681,6 +1853,7 @@ typedef struct {
     Ahead *ahead;            /* the pass's elapsed times, read with one release of the GIL */
     Py_ssize_t n_ahead, next_ahead;
     PyObject *timer;         /* the CUDA timer (borrowed), whose reader takes over once the runtime refused */
+    CudaFastObject *fast;    /* its C side (borrowed; the events' handles), or NULL */
     PyObject *reader_now;    /* that reader (held), or NULL */
 } TakeCtx;
 
@@ -1728,7 +1901,7 @@ elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
     }
     if (c->direct != NULL) {
         void *ha, *hb;
-        if (handle_of(a, s_cuda_event, &ha) < 0 || handle_of(b, s_cuda_event, &hb) < 0)
+        if (event_handle(c->fast, a, &ha) < 0 || event_handle(c->fast, b, &hb) < 0)
             return -1;
         float fms = 0.0f;
         int err;
@@ -2053,6 +2226,7 @@ take_ctx(CudaFastObject *f, TakeCtx *c, PyObject *const *args, PyObject *error_t
     c->ahead = NULL;
     c->n_ahead = c->next_ahead = 0;
     c->timer = f->timer;
+    c->fast = f;
     c->reader_now = NULL;
     PyObject *v = state_need(f, s__offset);
     if (v == NULL || as_ll(v, &c->offset) < 0)
@@ -2102,7 +2276,7 @@ static int
 ahead_add(TakeCtx *c, Py_ssize_t *cap, void ***handles, PyObject *a, PyObject *b)
 {
     void *ha, *hb;
-    if (handle_of(a, s_cuda_event, &ha) < 0 || handle_of(b, s_cuda_event, &hb) < 0) {
+    if (event_handle(c->fast, a, &ha) < 0 || event_handle(c->fast, b, &hb) < 0) {
         PyErr_Clear();
         return 0;
     }
@@ -3280,6 +3454,10 @@ PyInit__hot(void)
     Py_DECREF(time_mod);
     if (perf_counter_ns == NULL)
         return NULL;
+#ifdef CLOCK_WATCH
+    if ((clock_watcher = PyDict_AddWatcher(clock_dict_changed)) < 0)
+        PyErr_Clear(); /* none free: the clock is looked up on every read, as before 3.12 */
+#endif
     PyTypeObject *types[] = {&PhaseRecordType, &StepRecordType, &StepHookType, &PhaseHookType, &MarkHookType,
                              &CudaFastType};
     const char *names[] = {"PhaseRecord", "StepRecord", "StepHook", "PhaseHook", "MarkHook", "CudaFast"};

@@ -25,6 +25,9 @@ log = logging.getLogger("sgl_probe")
 class Hook:
     """One applied target: where it lives, what was there before, and whether it is still on."""
 
+    # Slots: the C wrappers read ``enabled`` on every wrapped call straight from its slot.
+    __slots__ = ("target", "enabled", "owner", "attr", "original")
+
     def __init__(self, target: Target) -> None:
         self.target = target
         self.enabled = True

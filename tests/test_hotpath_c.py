@@ -832,9 +832,9 @@ def test_the_c_ready_checks_take_the_steps_the_python_ones_take(hot):
 
 
 def test_a_clock_patched_after_the_real_one_was_seen_is_read(hot, monkeypatch):
-    """A clock patched into the recorder module after the C wrappers have read the real one, and
-    the real one put back, are each read from their next call on (nothing may remember the clock
-    past a change)."""
+    """The C wrappers remember that the recorder module's clock is time.perf_counter_ns (CPython
+    3.12+ watches that module's dict); a clock patched in later, and the real one put back, are
+    each read from their next call on."""
     rec = Recorder("cpu", 100, LOG, "c")
     rec.timer = CpuTimer()
     fwd = rec.phase_method(Hook(FORWARD), lambda w, b: None)
@@ -842,7 +842,7 @@ def test_a_clock_patched_after_the_real_one_was_seen_is_read(hot, monkeypatch):
     batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
     step(None, batch)
     step(None, batch)
-    assert rec.steps[-1].host0 > 10**6  # the real clock
+    assert rec.steps[-1].host0 > 10**6  # the real clock, now remembered
     monkeypatch.setattr(recorder, "perf_counter_ns", lambda: 7)
     step(None, batch)
     last = rec.steps[-1]
@@ -854,7 +854,70 @@ def test_a_clock_patched_after_the_real_one_was_seen_is_read(hot, monkeypatch):
     assert rec.steps[-1].host0 >= before and rec.steps[-1].phases[0].host1 >= before
 
 
-def test_what_the_c_wrappers_read_follows_a_change(hot, monkeypatch):
+def test_enabled_is_read_from_the_hooks_slot_and_from_any_other_hook(hot):
+    """instrument.Hook keeps ``enabled`` in a slot, which the C wrappers read directly; turning it
+    off stops the recording at the next call; a hook object without the slot (any object with an
+    ``enabled`` attribute) is read through getattr, with the same effect."""
+    assert "enabled" in Hook.__slots__
+    batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
+    for hook in (Hook(STEP), NS(enabled=True, target=STEP, fail=lambda exc: None)):
+        rec = Recorder("cpu", 100, LOG, "c")
+        rec.timer = CpuTimer()
+        fwd = rec.phase_method(Hook(FORWARD), lambda w, b: None)
+        step = rec.step_method(hook, lambda s, b: fwd(None, b))
+        step(None, batch)
+        hook.enabled = False
+        step(None, batch)
+        hook.enabled = 1  # truthy, not True: still on
+        step(None, batch)
+        assert len(rec.steps) == 2, type(hook)
+
+
+def test_the_c_timer_reads_each_events_handle_from_torch_once(hot, monkeypatch):
+    """The runtime path keeps each pooled event's raw handle: events cycling through the pool (the
+    drain releasing them, stop() reusing them) are each read from torch once, and every record
+    names the event it was given; an event torch has not created yet (handle 0) is not kept, and is
+    read again once it has one."""
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    Event = ft.cuda.Event
+    reads = []
+    handle = {}
+
+    def cuda_event(ev):
+        reads.append(ev)
+        return handle.get(id(ev), id(ev))
+
+    monkeypatch.setattr(Event, "cuda_event", property(cuda_event, lambda ev, v: handle.__setitem__(id(ev), v)),
+                        raising=False)
+    t = 10**12
+    tok = timer.start(t)
+    ends = []
+    for i in range(60):
+        end = timer.stop(tok, t + 500 + i)
+        assert rt.calls[-1][0] == "record" and rt.calls[-1][1] == id(end[0])
+        ends.append(end)
+        if len(ends) > 3:  # the drain hands the oldest back: the pool cycles a few events
+            old = ends.pop(0)
+            timer.release(None, old)
+        tok = timer.start(t + 1000 + i)
+    used = {id(e[0]) for e in ends} | {c[1] for c in rt.calls if c[0] == "record"}
+    assert len(used) <= 6
+    assert len(reads) <= len(used), (len(reads), len(used))
+    fresh = Event(enable_timing=True)
+    fresh.cuda_event = 0
+    timer._pool.append(fresh)
+    before = len(reads)
+    timer.stop(timer.start(t + 10**6), t + 10**6 + 5)  # not created: torch records it
+    fresh.cuda_event = 0xABC0  # created now
+    ft.handles[0xABC0] = fresh
+    timer._returned.append(fresh)
+    timer._pool.clear()
+    timer.stop(timer.start(t + 2 * 10**6), t + 2 * 10**6 + 5)
+    assert rt.calls[-1][:2] == ("record", 0xABC0)
+    assert sum(1 for ev in reads[before:] if ev is fresh) == 2
+
+
+def test_values_the_c_wrappers_keep_follow_a_change(hot, monkeypatch):
     """What the C wrappers read on every call from the recorder and its timer follows a change
     from the next call on: a timer swapped in, a stop replaced on the instance, a max_pending
     lowered, a pool replaced (none of it may be remembered past a change)."""

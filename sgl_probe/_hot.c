@@ -1387,8 +1387,10 @@ typedef struct {
    reading ``event.cuda_event`` (a property returning a new int) on every phase's end and twice per
    phase in the drain costs several cache-cold lines each; one slot here costs one. A handle never
    changes once torch has created the event, and the table holds each event (a strong reference),
-   so an address cannot come back as another event. Half full, it stops taking more (the rest are
-   read from torch, as before). */
+   so an address cannot come back as another event. Only the hot side's pool events are added (the
+   drain only looks up: the anchors it also reads are made anew every 100 ms and would fill the
+   table with events nothing else holds); a pool that keeps making new events fills it at half its
+   size, and then it starts again empty, letting go of events only it still held. */
 #define EVH_CAP 8192
 struct EvHandle {
     PyObject *ev;
@@ -1401,13 +1403,16 @@ evh_slot(PyObject *ev)
     return (size_t)(((uint64_t)(uintptr_t)ev >> 4) * 0x9E3779B97F4A7C15ULL >> 51) & (EVH_CAP - 1);
 }
 
+static void evh_free(CudaFastObject *f);
+
+/* ev's raw handle (0: torch has not created the event yet): from the table, else from torch and,
+   with ``add``, into the table. */
 static int
-event_handle(CudaFastObject *f, PyObject *ev, void **out)
+event_handle(CudaFastObject *f, PyObject *ev, int add, void **out)
 {
     struct EvHandle *t = f == NULL ? NULL : f->evh;
-    size_t i = 0;
     if (t != NULL) {
-        for (i = evh_slot(ev); t[i].ev != NULL; i = (i + 1) & (EVH_CAP - 1))
+        for (size_t i = evh_slot(ev); t[i].ev != NULL; i = (i + 1) & (EVH_CAP - 1))
             if (t[i].ev == ev) {
                 *out = t[i].handle;
                 return 0;
@@ -1420,14 +1425,15 @@ event_handle(CudaFastObject *f, PyObject *ev, void **out)
     Py_DECREF(v);
     if (PyErr_Occurred())
         return -1;
-    if (*out == NULL || f == NULL || f->evh_n >= EVH_CAP / 2) /* not created yet: nothing to keep */
+    if (!add || *out == NULL || f == NULL) /* not created yet: nothing to keep */
         return 0;
-    if (t == NULL) {
-        if ((t = f->evh = PyMem_Calloc(EVH_CAP, sizeof(struct EvHandle))) == NULL)
-            return 0; /* no table: read from torch each time */
-        for (i = evh_slot(ev); t[i].ev != NULL; i = (i + 1) & (EVH_CAP - 1))
-            ;
-    }
+    if (f->evh_n >= EVH_CAP / 2)
+        evh_free(f);
+    if ((t = f->evh) == NULL && (t = f->evh = PyMem_Calloc(EVH_CAP, sizeof(struct EvHandle))) == NULL)
+        return 0; /* no table: read from torch each time */
+    size_t i = evh_slot(ev);
+    while (t[i].ev != NULL)
+        i = (i + 1) & (EVH_CAP - 1);
     t[i].ev = Py_NewRef(ev);
     t[i].handle = *out;
     f->evh_n++;
@@ -1789,7 +1795,7 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     if ((ev = pop_event(f)) == NULL)
         goto done;
     void *ev_handle = NULL;
-    if (f->event_record != NULL && event_handle(f, ev, &ev_handle) < 0)
+    if (f->event_record != NULL && event_handle(f, ev, 1, &ev_handle) < 0)
         goto done;
     SECTION_ADD(stop_event, sec_ev);
     if (f->event_record != NULL && ev_handle != NULL) {
@@ -1901,7 +1907,7 @@ elapsed_ns(TakeCtx *c, PyObject *a, PyObject *b, long long *out)
     }
     if (c->direct != NULL) {
         void *ha, *hb;
-        if (event_handle(c->fast, a, &ha) < 0 || event_handle(c->fast, b, &hb) < 0)
+        if (event_handle(c->fast, a, 0, &ha) < 0 || event_handle(c->fast, b, 0, &hb) < 0)
             return -1;
         float fms = 0.0f;
         int err;
@@ -2276,7 +2282,7 @@ static int
 ahead_add(TakeCtx *c, Py_ssize_t *cap, void ***handles, PyObject *a, PyObject *b)
 {
     void *ha, *hb;
-    if (event_handle(c->fast, a, &ha) < 0 || event_handle(c->fast, b, &hb) < 0) {
+    if (event_handle(c->fast, a, 0, &ha) < 0 || event_handle(c->fast, b, 0, &hb) < 0) {
         PyErr_Clear();
         return 0;
     }
@@ -2497,8 +2503,15 @@ fast_runtime_get(CudaFastObject *f, void *closure)
     return PyBool_FromLong(f->event_record != NULL);
 }
 
+static PyObject *
+fast_handles_kept_get(CudaFastObject *f, void *closure)
+{
+    return PyLong_FromSsize_t(f->evh_n);
+}
+
 static PyGetSetDef fast_getset[] = {
     {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
+    {"handles_kept", (getter)fast_handles_kept_get, NULL, "how many events' raw handles are kept", NULL},
     {NULL},
 };
 

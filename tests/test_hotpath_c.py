@@ -915,6 +915,54 @@ def test_the_c_timer_reads_each_events_handle_from_torch_once(hot, monkeypatch):
     timer.stop(timer.start(t + 2 * 10**6), t + 2 * 10**6 + 5)
     assert rt.calls[-1][:2] == ("record", 0xABC0)
     assert sum(1 for ev in reads[before:] if ev is fresh) == 2
+    assert timer._c.handles_kept == len(used) + 1
+
+
+def test_the_event_handle_table_stays_bounded_and_takes_only_pool_events(hot, monkeypatch):
+    """A pool that keeps making new events fills the table at half its size, and it starts again:
+    events only the table held are let go, every record still names its event. The drain's reads
+    (the anchors, made anew every 100 ms) look handles up but add none."""
+    import weakref
+
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    t = 10**12
+    first = []
+    for i in range(4200):
+        ev = ft.cuda.Event(enable_timing=True)
+        if 0 < i <= 10:  # (the first end is the device's first anchor, which the timer keeps)
+            first.append(weakref.ref(ev))
+        timer._pool.append(ev)
+        end = timer.stop(timer.start(t + i), t + i + 1)
+        assert end[0] is ev and rt.calls[-1][:2] == ("record", id(ev))
+        if i < 4000:
+            ft.handles.pop(id(ev), None)
+        ft.records.clear()  # (the stand-in GPU's log of records)
+        del ev, end
+        assert timer._c.handles_kept <= 4096
+    timer._last_end = None
+    import gc as _gc
+
+    _gc.collect()
+    assert all(r() is None for r in first)  # let go at the restart
+    kept = timer._c.handles_kept
+    assert 0 < kept < 4096
+
+    from tests.test_gpu_free_parts import _FakeCudart
+
+    timer._prepared.elapsed = timer.checked_elapsed(_FakeCudart(ft))
+    a = timer.start(t + 10**7)
+    end = timer.stop(a, t + 10**7 + 5)
+    anchor = ft.cuda.Event(enable_timing=True)
+    ft._record(anchor, end[1])
+    for _ in range(50):  # until the runtime's reader has been checked against torch's
+        timer.interval_kind(a, end)
+        if timer.elapsed_source == "cuda_runtime":
+            break
+    assert timer.elapsed_source == "cuda_runtime"
+    kept = timer._c.handles_kept
+    end2 = (end[0], end[1], end[2], (anchor, t + 10**7))  # an anchor the table has never seen
+    timer.interval_kind(a, end2)
+    assert timer._c.handles_kept == kept
 
 
 def test_values_the_c_wrappers_keep_follow_a_change(hot, monkeypatch):

@@ -1199,8 +1199,6 @@ static PyGetSetDef hook_getset[] = {
     {NULL},
 };
 
-/* A wrapper with the fields every kind has; the others None (the constructors fill in theirs).
-   ``queue``: where the wrapper appends (its bound ``append`` is kept), or None. */
 /* The offset of ``enabled`` in ``hook`` where its class keeps it in a plain object slot
    (``__slots__``), else -1 (the attribute machinery reads it, as for any other hook object). */
 static Py_ssize_t
@@ -1221,6 +1219,8 @@ enabled_slot(PyObject *hook)
     return off;
 }
 
+/* A wrapper with the fields every kind has; the others None (the constructors fill in theirs).
+   ``queue``: where the wrapper appends (its bound ``append`` is kept), or None. */
 static HookObject *
 hook_alloc(PyTypeObject *type, vectorcallfunc call, PyObject *tls, PyObject *hook, PyObject *orig, PyObject *clock_from,
            PyObject *rec, PyObject *spec, PyObject *target, PyObject *read, PyObject *queue)

@@ -1380,6 +1380,10 @@ typedef struct {
     /* Event object -> its cudaEvent_t (event_handle), or NULL before the first. */
     struct EvHandle *evh;
     Py_ssize_t evh_n;
+    /* The last event the drain read that the table does not hold (held) and its handle: the
+       anchor, which every phase of ~100 ms of steps maps through. */
+    PyObject *last_read;
+    void *last_read_handle;
 } CudaFastObject;
 
 /* torch's events' raw handles by object, open addressing on the object's address. The pool cycles
@@ -1406,7 +1410,8 @@ evh_slot(PyObject *ev)
 static void evh_free(CudaFastObject *f);
 
 /* ev's raw handle (0: torch has not created the event yet): from the table, else from torch and,
-   with ``add``, into the table. */
+   with ``add`` (the hot side's pool events), into the table; without (the drain's reads), the last
+   such event is remembered instead. */
 static int
 event_handle(CudaFastObject *f, PyObject *ev, int add, void **out)
 {
@@ -1418,6 +1423,10 @@ event_handle(CudaFastObject *f, PyObject *ev, int add, void **out)
                 return 0;
             }
     }
+    if (!add && f != NULL && ev == f->last_read) {
+        *out = f->last_read_handle;
+        return 0;
+    }
     PyObject *v = PyObject_GetAttr(ev, s_cuda_event);
     if (v == NULL)
         return -1;
@@ -1425,8 +1434,13 @@ event_handle(CudaFastObject *f, PyObject *ev, int add, void **out)
     Py_DECREF(v);
     if (PyErr_Occurred())
         return -1;
-    if (!add || *out == NULL || f == NULL) /* not created yet: nothing to keep */
+    if (*out == NULL || f == NULL) /* not created yet: nothing to keep */
         return 0;
+    if (!add) {
+        Py_XSETREF(f->last_read, Py_NewRef(ev));
+        f->last_read_handle = *out;
+        return 0;
+    }
     if (f->evh_n >= EVH_CAP / 2)
         evh_free(f);
     if ((t = f->evh) == NULL && (t = f->evh = PyMem_Calloc(EVH_CAP, sizeof(struct EvHandle))) == NULL)
@@ -1470,6 +1484,7 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->state);
     Py_CLEAR(f->on_fail);
     Py_CLEAR(f->handles);
+    Py_CLEAR(f->last_read);
     evh_free(f);
     return 0;
 }
@@ -1509,6 +1524,8 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->handles = handles;
     f->evh = NULL;
     f->evh_n = 0;
+    f->last_read = NULL;
+    f->last_read_handle = NULL;
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
     f->event_record = (event_record_fn)record;

@@ -961,8 +961,13 @@ def test_the_event_handle_table_stays_bounded_and_takes_only_pool_events(hot, mo
     assert timer.elapsed_source == "cuda_runtime"
     kept = timer._c.handles_kept
     end2 = (end[0], end[1], end[2], (anchor, t + 10**7))  # an anchor the table has never seen
-    timer.interval_kind(a, end2)
+    reads = []
+    Event = type(anchor)
+    monkeypatch.setattr(Event, "cuda_event", property(lambda ev: reads.append(ev) or id(ev)), raising=False)
+    for _ in range(3):  # the anchor of many phases: read from torch once
+        timer.interval_kind(a, end2)
     assert timer._c.handles_kept == kept
+    assert reads.count(anchor) == 1 and end[0] not in reads
 
 
 def test_values_the_c_wrappers_keep_follow_a_change(hot, monkeypatch):

@@ -32,30 +32,36 @@ _RANK_KEYS = tuple((key, C.SPAN_PREFIX + key) for key in C.RANKS)
 def derived_trace_id(run_id: str, *parts: object) -> int:
     """Same run id + same step index -> same trace id in every rank's process."""
     key = "/".join([run_id, *map(str, parts)]).encode()
-    tid = int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "big")
-    return tid or 1
+    return _trace_id(hashlib.blake2b(key, digest_size=16))
+
+
+def _trace_id(h: Any) -> int:
+    return int.from_bytes(h.digest(), "big") or 1
 
 
 def new_span_id() -> int:
     return _rand.getrandbits(64) or 1
 
 
+def _step_parts(ident: dict) -> tuple:
+    return ("dp%s" % ident.get("dp_rank", 0), "step")
+
+
 def step_trace_id(run_id: str, ident: dict, index: int) -> int:
     """Every rank of a data-parallel replica puts step ``index`` in the same trace."""
-    return derived_trace_id(run_id, "dp%s" % ident.get("dp_rank", 0), "step", index)
+    return derived_trace_id(run_id, *_step_parts(ident), index)
 
 
 def step_trace_ids(run_id: str, ident: dict) -> Callable[[int], int]:
     """:func:`step_trace_id` of one run and replica as a function of the index, the key's common
     prefix hashed once (blake2b streams: its state plus the index is the whole key's hash), for
     the drain thread, which derives one per step when a sampler decides."""
-    prefix = hashlib.blake2b(("/".join([run_id, "dp%s" % ident.get("dp_rank", 0), "step"]) + "/").encode(),
-                             digest_size=16)
+    prefix = hashlib.blake2b(("/".join([run_id, *_step_parts(ident)]) + "/").encode(), digest_size=16)
 
     def trace_id(index: int) -> int:
         h = prefix.copy()
         h.update(str(index).encode())
-        return int.from_bytes(h.digest(), "big") or 1
+        return _trace_id(h)
 
     return trace_id
 

@@ -1408,6 +1408,7 @@ evh_slot(PyObject *ev)
 }
 
 static void evh_free(CudaFastObject *f);
+static int handle_of(PyObject *obj, PyObject *name, void **out);
 
 /* ev's raw handle (0: torch has not created the event yet): from the table, else from torch and,
    with ``add`` (the hot side's pool events), into the table; without (the drain's reads), the last
@@ -1427,12 +1428,7 @@ event_handle(CudaFastObject *f, PyObject *ev, int add, void **out)
         *out = f->last_read_handle;
         return 0;
     }
-    PyObject *v = PyObject_GetAttr(ev, s_cuda_event);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsVoidPtr(v);
-    Py_DECREF(v);
-    if (PyErr_Occurred())
+    if (handle_of(ev, s_cuda_event, out) < 0)
         return -1;
     if (*out == NULL || f == NULL) /* not created yet: nothing to keep */
         return 0;

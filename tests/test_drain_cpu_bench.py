@@ -4,24 +4,15 @@ hot path pickled, and each stage fits inside the whole pass."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.benchruns import run_benchmark
 from tests.hotpaths import c_module
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path: Path, hotpath: str) -> dict:
-    out = tmp_path / f"{hotpath}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "drain_cpu.py"), "--steps", "64", "--passes", "3",
-                           "--warmup", "1", "--runs", "1", "--json", str(out)], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env={**os.environ, "SGL_PROBE_HOTPATH": hotpath})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())["new"]
+    return run_benchmark(tmp_path, "drain_cpu.py", "--steps", "64", "--passes", "3", "--warmup", "1", "--runs", "1",
+                         hotpath=hotpath).result["new"]
 
 
 def test_drain_cpu_times_each_stage_of_a_pass_and_packs_with_the_c_extension(tmp_path: Path):

@@ -4,20 +4,13 @@ sent is received, none dropped, the CPU per step of each design and thread."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchruns import run_benchmark
 
 
 def test_export_cpu_counts_every_span_at_the_receiver_and_the_cpu_of_each_design(tmp_path: Path):
-    out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "export_cpu.py"), "--steps", "60", "--repeats", "1",
-                           "--trace-dir", "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = run_benchmark(tmp_path, "export_cpu.py", "--steps", "60", "--repeats", "1", "--trace-dir").result
     assert res["spans_received"] == res["spans_sent"] > 2 * 60 and res["dropped"] == 0
     assert res["in_process_cpu_us_per_step"] > 0  # the exporter-process design, the one the probe runs
     assert set(res["loop_ratio_vs_off"]) == {"off", "no_export", "in_process", "out_of_process"}

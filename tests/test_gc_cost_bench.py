@@ -5,25 +5,15 @@ path's are neither."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.benchruns import run_benchmark
 from tests.hotpaths import c_module
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path: Path, hotpath: str) -> dict:
-    out = tmp_path / f"{hotpath}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gc_cost.py"), "--heap", "1000", "--steps", "3000",
-                           "--drain-every", "400", "--turns", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "SGL_PROBE_HOTPATH": hotpath})
-    assert proc.returncode == 0, proc.stderr
-    res = json.loads(out.read_text())["new"]
+    res = run_benchmark(tmp_path, "gc_cost.py", "--heap", "1000", "--steps", "3000", "--drain-every", "400",
+                        "--turns", "1", hotpath=hotpath).result["new"]
     assert res["hotpath"] == hotpath
     runs = {r["state"]: r for r in res["runs"]}
     assert runs["recording"]["steps_recorded"] == 2 * 400 + 399 + 3000  # first calls, the pending count, the run

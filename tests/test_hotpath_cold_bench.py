@@ -4,21 +4,14 @@ not record, would report a cost of nothing)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchruns import run_benchmark
 
 
 def test_hotpath_cold_records_every_step_of_the_recording_blocks_and_none_of_the_paused(tmp_path: Path):
-    out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hotpath_cold.py"), "--steps", "5",
-                           "--repeats", "2", "--evict-kb", "64", "--json", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    res = json.loads(out.read_text())
+    res = run_benchmark(tmp_path, "hotpath_cold.py", "--steps", "5", "--repeats", "2", "--evict-kb", "64",
+                        timeout=120).result
     # warm-up: one recording block cold and one warm; then per repeat one of each again
     assert res["steps_recorded"] == (2 + 2 * 2) * 5
     for state in ("cold", "warm"):

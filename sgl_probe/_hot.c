@@ -31,7 +31,7 @@ static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_D
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
     *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_last_end,
     *s_refresh_anchor, *s_lookup_stream, *s_pop, *s_first_anchor, *s_append;
-static PyObject *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
+static PyObject *s__c, *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
 static PyObject *int_one, *int_minus_one;
 static PyObject *perf_counter_ns;
 
@@ -447,18 +447,24 @@ typedef struct {
        Held, so the member (the entry's first item) stays alive and its address means it; None
        before the first. */
     PyObject *mode_seen;
+    /* The recorder's timer last seen by timer_call and its C half (a CudaFast), held; None before
+       the first, or for a timer without one. */
+    PyObject *timer_seen, *fast_seen;
     int leave_attr;
     /* Where ``hook.enabled`` lives when the hook's class keeps it in a slot (instrument.Hook's
        ``__slots__``): read there directly instead of through the attribute machinery (the type's
        look-up and the instance's, a few cache-cold lines on every wrapped call); -1 otherwise. */
     Py_ssize_t enabled_offset;
+    /* The same for the recorder's ``timer``, ``step_count`` and ``max_pending`` (Recorder's
+       ``__slots__``): read (and the count written) on every step. */
+    Py_ssize_t timer_offset, count_offset, max_pending_offset;
     /* This hook's entry in the watched clock namespaces (now_ns), or -1. */
     int clock_slot;
     int fast_read; /* FAST_STEP / FAST_FORWARD: the reader's common case in C (see read_fast) */
     int mark;      /* MarkHook: MARK_GRAPH or MARK_LAUNCH */
 } HookObject;
 
-#define N_HOOK_OBJS 17
+#define N_HOOK_OBJS 19
 enum { FAST_NONE = 0, FAST_STEP = 1, FAST_FORWARD = 2 };
 enum { MARK_GRAPH = 1, MARK_LAUNCH = 2 };
 #define HOOK_OBJS(h) (&(h)->dict)
@@ -632,6 +638,51 @@ cur_set(PyObject *cur, Py_ssize_t i, PyObject *v)
     PyObject *old = PyList_GET_ITEM(cur, i);
     PyList_SET_ITEM(cur, i, Py_NewRef(v));
     Py_XDECREF(old);
+}
+
+/* The offset of attribute ``name`` in ``obj`` where its class keeps it in a plain object slot
+   (``__slots__``), else -1 (the attribute machinery reads it, as for any other object). */
+static Py_ssize_t
+slot_offset(PyObject *obj, PyObject *name)
+{
+    PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(obj), name);
+    if (d == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && m->offset > 0 && !(m->flags & READONLY)
+            && PyObject_TypeCheck(obj, PyDescr_TYPE(d)))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    return off;
+}
+
+/* ``obj.<name>`` (new reference), from its slot where ``off`` is one (slot_offset). */
+static inline PyObject *
+attr_at(PyObject *obj, Py_ssize_t off, PyObject *name)
+{
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)obj + off);
+        if (v != NULL)
+            return Py_NewRef(v);
+        /* unset: the attribute machinery raises the AttributeError Python would */
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* ``obj.<name> = v``, into its slot where ``off`` is one. */
+static inline int
+attr_set_at(PyObject *obj, Py_ssize_t off, PyObject *name, PyObject *v)
+{
+    if (off >= 0) {
+        Py_XSETREF(*(PyObject **)((char *)obj + off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(obj, name, v);
 }
 
 static int
@@ -827,12 +878,20 @@ step_finish(HookObject *h, StepRecordObject *st)
     Py_ssize_t queued = PyObject_Size(h->queue);
     if (queued < 0)
         return -1;
-    PyObject *maxp = PyObject_GetAttr(h->rec, s_max_pending);
+    PyObject *maxp = attr_at(h->rec, h->max_pending_offset, s_max_pending);
     if (maxp == NULL)
         return -1;
-    PyObject *n = PyLong_FromSsize_t(queued);
-    int room = n == NULL ? -1 : PyObject_RichCompareBool(n, maxp, Py_LT);
-    Py_XDECREF(n);
+    int room;
+    Py_ssize_t limit = PyLong_CheckExact(maxp) ? PyLong_AsSsize_t(maxp) : -1;
+    if (limit >= 0) {
+        room = queued < limit;
+    }
+    else { /* not a plain int, or beyond Py_ssize_t: Python's comparison */
+        PyErr_Clear();
+        PyObject *n = PyLong_FromSsize_t(queued);
+        room = n == NULL ? -1 : PyObject_RichCompareBool(n, maxp, Py_LT);
+        Py_XDECREF(n);
+    }
     Py_DECREF(maxp);
     if (room < 0)
         return -1;
@@ -862,7 +921,7 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
 
     StepRecordObject *st = NULL;
     {
-        PyObject *timer = PyObject_GetAttr(h->rec, s_timer);
+        PyObject *timer = attr_at(h->rec, h->timer_offset, s_timer);
         if (timer == NULL)
             goto probe_error;
         if (timer == Py_None) {
@@ -872,14 +931,14 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
                 goto probe_error;
         }
         Py_DECREF(timer);
-        PyObject *count = PyObject_GetAttr(h->rec, s_step_count);
+        PyObject *count = attr_at(h->rec, h->count_offset, s_step_count);
         if (count == NULL)
             goto probe_error;
         PyObject *index = PyNumber_Add(count, int_one);
         Py_DECREF(count);
         if (index == NULL)
             goto probe_error;
-        if (PyObject_SetAttr(h->rec, s_step_count, index) < 0) {
+        if (attr_set_at(h->rec, h->count_offset, s_step_count, index) < 0) {
             Py_DECREF(index);
             goto probe_error;
         }
@@ -946,21 +1005,7 @@ passthrough_failed:
     return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
 }
 
-/* rec.timer.<name>(...) */
-static PyObject *
-timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n)
-{
-    PyObject *timer = PyObject_GetAttr(h->rec, s_timer);
-    if (timer == NULL)
-        return NULL;
-    PyObject *fn = PyObject_GetAttr(timer, name);
-    Py_DECREF(timer);
-    if (fn == NULL)
-        return NULL;
-    PyObject *r = PyObject_Vectorcall(fn, args, n, NULL);
-    Py_DECREF(fn);
-    return r;
-}
+static PyObject *timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n);
 
 /* After SGLang's phase call returned: stop the timer, keep the phase, read the graph flag and, for a
    phase without a graph, why. 1: done; 0: a graph was being captured (nothing recorded); -1: error. */
@@ -1199,26 +1244,6 @@ static PyGetSetDef hook_getset[] = {
     {NULL},
 };
 
-/* The offset of ``enabled`` in ``hook`` where its class keeps it in a plain object slot
-   (``__slots__``), else -1 (the attribute machinery reads it, as for any other hook object). */
-static Py_ssize_t
-enabled_slot(PyObject *hook)
-{
-    PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(hook), s_enabled);
-    if (d == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    Py_ssize_t off = -1;
-    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type == T_OBJECT_EX && m->offset > 0 && PyObject_TypeCheck(hook, PyDescr_TYPE(d)))
-            off = m->offset;
-    }
-    Py_DECREF(d);
-    return off;
-}
-
 /* A wrapper with the fields every kind has; the others None (the constructors fill in theirs).
    ``queue``: where the wrapper appends (its bound ``append`` is kept), or None. */
 static HookObject *
@@ -1252,7 +1277,10 @@ hook_alloc(PyTypeObject *type, vectorcallfunc call, PyObject *tls, PyObject *hoo
     h->fast_read = FAST_NONE;
     h->mark = 0;
     h->clock_slot = -1;
-    h->enabled_offset = enabled_slot(hook);
+    h->enabled_offset = slot_offset(hook, s_enabled);
+    h->timer_offset = slot_offset(rec, s_timer);
+    h->count_offset = slot_offset(rec, s_step_count);
+    h->max_pending_offset = slot_offset(rec, s_max_pending);
     return h;
 }
 
@@ -1371,6 +1399,10 @@ typedef struct {
        take it, and the scheduler thread waits to get it back) and sets the device around it;
        its capture check is a Python call of its own. NULL: torch's calls, as in Python. */
     event_record_fn event_record;
+    /* The driver's ``cuEventRecord`` (the same event and stream handles), or NULL: the runtime's
+       record is the driver's behind a lazy-init check, a thread-state look-up and the tools'
+       callbacks, cache-cold code on every phase's end. Refused once, the runtime's from then on. */
+    event_record_fn driver_record;
     stream_is_capturing_fn is_capturing;
     get_last_error_fn get_last_error;
     PyObject *on_fail; /* called once with a message when a runtime call failed (then torch's) */
@@ -1492,16 +1524,18 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *timer, *state, *runtime = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|O:CudaFast", kw, &timer, &PyDict_Type, &state, &runtime))
         return NULL;
-    void *record = NULL, *capturing = NULL, *last_error = NULL;
+    void *record = NULL, *capturing = NULL, *last_error = NULL, *driver = NULL;
     PyObject *on_fail = NULL;
     if (runtime != Py_None) {
-        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError addresses, on_fail) */
-        PyObject *a, *b, *c;
-        if (!PyArg_ParseTuple(runtime, "OOOO:runtime", &a, &b, &c, &on_fail))
+        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError addresses, on_fail[,
+           cuEventRecord's address or None]) */
+        PyObject *a, *b, *c, *d = Py_None;
+        if (!PyArg_ParseTuple(runtime, "OOOO|O:runtime", &a, &b, &c, &on_fail, &d))
             return NULL;
         record = PyLong_AsVoidPtr(a);
         capturing = PyLong_AsVoidPtr(b);
         last_error = PyLong_AsVoidPtr(c);
+        driver = d == Py_None ? NULL : PyLong_AsVoidPtr(d);
         if (PyErr_Occurred())
             return NULL;
         if (record == NULL || capturing == NULL || last_error == NULL || !PyCallable_Check(on_fail)) {
@@ -1525,6 +1559,7 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
     f->event_record = (event_record_fn)record;
+    f->driver_record = (event_record_fn)driver;
     f->is_capturing = (stream_is_capturing_fn)capturing;
     f->get_last_error = (get_last_error_fn)last_error;
     f->on_fail = Py_XNewRef(on_fail);
@@ -1595,10 +1630,24 @@ runtime_failed(CudaFastObject *f, const char *what, int err)
     if (f->get_last_error != NULL)
         f->get_last_error();
     f->event_record = NULL;
+    f->driver_record = NULL;
     f->is_capturing = NULL;
     f->get_last_error = NULL;
     PyObject *r = PyObject_CallFunction(f->on_fail, "s", what);
     (void)err;
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The driver refused a record (it keeps no last error to clear): say so once and record through
+   the runtime from now on. -1 if on_fail raised. */
+static int
+driver_failed(CudaFastObject *f)
+{
+    f->driver_record = NULL;
+    PyObject *r = PyObject_CallFunction(f->on_fail, "s", "cuEventRecord");
     if (r == NULL)
         return -1;
     Py_DECREF(r);
@@ -1812,7 +1861,12 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     SECTION_ADD(stop_event, sec_ev);
     if (f->event_record != NULL && ev_handle != NULL) {
-        int err = f->event_record(ev_handle, stream_handle);
+        int err = 1;
+        if (f->driver_record != NULL && (err = f->driver_record(ev_handle, stream_handle)) != 0
+            && driver_failed(f) < 0)
+            goto done;
+        if (err != 0)
+            err = f->event_record(ev_handle, stream_handle);
         SECTION_ADD(stop_record, sec_ev);
         if (err != 0 && (runtime_failed(f, "cudaEventRecord", err) < 0 || torch_record(f, ev, stream) < 0))
             goto done;
@@ -2517,6 +2571,12 @@ fast_runtime_get(CudaFastObject *f, void *closure)
 }
 
 static PyObject *
+fast_driver_get(CudaFastObject *f, void *closure)
+{
+    return PyBool_FromLong(f->driver_record != NULL);
+}
+
+static PyObject *
 fast_handles_kept_get(CudaFastObject *f, void *closure)
 {
     return PyLong_FromSsize_t(f->evh_n);
@@ -2524,6 +2584,7 @@ fast_handles_kept_get(CudaFastObject *f, void *closure)
 
 static PyGetSetDef fast_getset[] = {
     {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
+    {"driver", (getter)fast_driver_get, NULL, "whether stop() records through the CUDA driver", NULL},
     {"handles_kept", (getter)fast_handles_kept_get, NULL, "how many events' raw handles are kept", NULL},
     {NULL},
 };
@@ -2549,6 +2610,70 @@ static PyTypeObject CudaFastType = {
     .tp_methods = fast_methods,
     .tp_getset = fast_getset,
 };
+
+/* ---- the phase wrapper's calls of its timer ---------------------------------------------- */
+
+/* The timer's C half (its ``_c``, a CudaFast over this very timer), or NULL; remembered per timer
+   object, so the look-up runs once per timer. -1 on error. */
+static int
+timer_fast(HookObject *h, PyObject *timer, CudaFastObject **out)
+{
+    if (timer != h->timer_seen) {
+        PyObject *c = getattr_maybe(timer, s__c);
+        if (c == NULL && PyErr_Occurred())
+            return -1;
+        if (c == NULL || !Py_IS_TYPE(c, &CudaFastType) || ((CudaFastObject *)c)->timer != timer)
+            Py_XSETREF(c, Py_NewRef(Py_None));
+        Py_SETREF(h->fast_seen, c);
+        Py_SETREF(h->timer_seen, Py_NewRef(timer));
+    }
+    *out = h->fast_seen == Py_None ? NULL : (CudaFastObject *)h->fast_seen;
+    return 0;
+}
+
+/* rec.timer.<name>(...). Where ``<name>`` is still the timer's C method (what CudaTimer sets in its
+   instance dict, which tests and benchmarks may replace), it is called directly: the attribute
+   machinery's look-ups (the class's, then the instance's) and the bound method's call are a few
+   cache-cold reads on every phase's start and end. */
+static PyObject *
+timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *timer = attr_at(h->rec, h->timer_offset, s_timer);
+    if (timer == NULL)
+        return NULL;
+    CudaFastObject *f;
+    if (timer_fast(h, timer, &f) < 0) {
+        Py_DECREF(timer);
+        return NULL;
+    }
+    if (f != NULL) {
+        PyObject *m = PyDict_GetItemWithError(f->state, name);
+        if (m != NULL && PyCFunction_Check(m) && PyCFunction_GET_SELF(m) == (PyObject *)f) {
+            PyCFunction meth = PyCFunction_GET_FUNCTION(m);
+            PyObject *r = NULL;
+            if (meth == (PyCFunction)(void (*)(void))fast_start)
+                r = fast_start(f, args, n);
+            else if (meth == (PyCFunction)(void (*)(void))fast_stop)
+                r = fast_stop(f, args, n);
+            else
+                goto generic;
+            Py_DECREF(timer);
+            return r;
+        }
+        if (PyErr_Occurred()) {
+            Py_DECREF(timer);
+            return NULL;
+        }
+    }
+generic:;
+    PyObject *fn = PyObject_GetAttr(timer, name);
+    Py_DECREF(timer);
+    if (fn == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(fn, args, n, NULL);
+    Py_DECREF(fn);
+    return r;
+}
 
 /* CpuTimer.start / .stop: the host clock itself is the token. */
 static PyObject *
@@ -3455,6 +3580,7 @@ PyInit__hot(void)
     INTERN(s_ensure_timer, "ensure_timer");
     INTERN(s_drop, "drop");
     INTERN(s_start, "start");
+    INTERN(s__c, "_c");
     INTERN(s_stop, "stop");
     INTERN(s_close_phase, "close_phase");
     INTERN(s_can_run_cuda_graph, "can_run_cuda_graph");

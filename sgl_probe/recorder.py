@@ -86,6 +86,11 @@ class _ThreadState(threading.local):
 class Recorder:
     """Per-process recording state. One scheduler thread drives it; the drain thread consumes."""
 
+    # Slots for what the C wrappers read (and the step count they write) on every step: a slot is
+    # read at a fixed offset in the object, the attribute machinery takes a few cache-cold
+    # look-ups (sgl_probe._hot's attr_at). Everything else stays in the instance dict.
+    __slots__ = ("timer", "step_count", "max_pending", "__dict__", "__weakref__")
+
     def __init__(self, timer_choice: str, max_pending: int, log, hot: str = "auto") -> None:
         self._timer_choice = timer_choice
         self._log = log

@@ -126,8 +126,8 @@ def fold_overhead_cross(res: dict) -> dict:
         if per_step:
             out["scheduler_us_per_step_p50"] = per_step
         # At each server's last flip (pause shim, h200-14 on): what its drain read GPU times with,
-        # and where it imported sgl_probe from (which wheel ran).
-        for key in ("elapsed_source", "probe_file"):
+        # where it imported sgl_probe from (which wheel ran), and what its phase ends recorded through.
+        for key in ("elapsed_source", "probe_file", "hot_calls"):
             last = {c["server"]: (c.get("gc_at_flip") or {}).get(key) for c in cores}
             if any(last.values()):
                 out[key] = last

@@ -1399,10 +1399,6 @@ typedef struct {
        take it, and the scheduler thread waits to get it back) and sets the device around it;
        its capture check is a Python call of its own. NULL: torch's calls, as in Python. */
     event_record_fn event_record;
-    /* The driver's ``cuEventRecord`` (the same event and stream handles), or NULL: the runtime's
-       record is the driver's behind a lazy-init check, a thread-state look-up and the tools'
-       callbacks, cache-cold code on every phase's end. Refused once, the runtime's from then on. */
-    event_record_fn driver_record;
     stream_is_capturing_fn is_capturing;
     get_last_error_fn get_last_error;
     PyObject *on_fail; /* called once with a message when a runtime call failed (then torch's) */
@@ -1524,18 +1520,16 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *timer, *state, *runtime = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|O:CudaFast", kw, &timer, &PyDict_Type, &state, &runtime))
         return NULL;
-    void *record = NULL, *capturing = NULL, *last_error = NULL, *driver = NULL;
+    void *record = NULL, *capturing = NULL, *last_error = NULL;
     PyObject *on_fail = NULL;
     if (runtime != Py_None) {
-        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError addresses, on_fail[,
-           cuEventRecord's address or None]) */
-        PyObject *a, *b, *c, *d = Py_None;
-        if (!PyArg_ParseTuple(runtime, "OOOO|O:runtime", &a, &b, &c, &on_fail, &d))
+        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError addresses, on_fail) */
+        PyObject *a, *b, *c;
+        if (!PyArg_ParseTuple(runtime, "OOOO:runtime", &a, &b, &c, &on_fail))
             return NULL;
         record = PyLong_AsVoidPtr(a);
         capturing = PyLong_AsVoidPtr(b);
         last_error = PyLong_AsVoidPtr(c);
-        driver = d == Py_None ? NULL : PyLong_AsVoidPtr(d);
         if (PyErr_Occurred())
             return NULL;
         if (record == NULL || capturing == NULL || last_error == NULL || !PyCallable_Check(on_fail)) {
@@ -1559,7 +1553,6 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
     f->event_record = (event_record_fn)record;
-    f->driver_record = (event_record_fn)driver;
     f->is_capturing = (stream_is_capturing_fn)capturing;
     f->get_last_error = (get_last_error_fn)last_error;
     f->on_fail = Py_XNewRef(on_fail);
@@ -1630,24 +1623,10 @@ runtime_failed(CudaFastObject *f, const char *what, int err)
     if (f->get_last_error != NULL)
         f->get_last_error();
     f->event_record = NULL;
-    f->driver_record = NULL;
     f->is_capturing = NULL;
     f->get_last_error = NULL;
     PyObject *r = PyObject_CallFunction(f->on_fail, "s", what);
     (void)err;
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
-/* The driver refused a record (it keeps no last error to clear): say so once and record through
-   the runtime from now on. -1 if on_fail raised. */
-static int
-driver_failed(CudaFastObject *f)
-{
-    f->driver_record = NULL;
-    PyObject *r = PyObject_CallFunction(f->on_fail, "s", "cuEventRecord");
     if (r == NULL)
         return -1;
     Py_DECREF(r);
@@ -1861,12 +1840,7 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     SECTION_ADD(stop_event, sec_ev);
     if (f->event_record != NULL && ev_handle != NULL) {
-        int err = 1;
-        if (f->driver_record != NULL && (err = f->driver_record(ev_handle, stream_handle)) != 0
-            && driver_failed(f) < 0)
-            goto done;
-        if (err != 0)
-            err = f->event_record(ev_handle, stream_handle);
+        int err = f->event_record(ev_handle, stream_handle);
         SECTION_ADD(stop_record, sec_ev);
         if (err != 0 && (runtime_failed(f, "cudaEventRecord", err) < 0 || torch_record(f, ev, stream) < 0))
             goto done;
@@ -2571,12 +2545,6 @@ fast_runtime_get(CudaFastObject *f, void *closure)
 }
 
 static PyObject *
-fast_driver_get(CudaFastObject *f, void *closure)
-{
-    return PyBool_FromLong(f->driver_record != NULL);
-}
-
-static PyObject *
 fast_handles_kept_get(CudaFastObject *f, void *closure)
 {
     return PyLong_FromSsize_t(f->evh_n);
@@ -2584,7 +2552,6 @@ fast_handles_kept_get(CudaFastObject *f, void *closure)
 
 static PyGetSetDef fast_getset[] = {
     {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
-    {"driver", (getter)fast_driver_get, NULL, "whether stop() records through the CUDA driver", NULL},
     {"handles_kept", (getter)fast_handles_kept_get, NULL, "how many events' raw handles are kept", NULL},
     {NULL},
 };

@@ -100,50 +100,26 @@ class CpuTimer:
         return start + self._offset, end + self._offset, None
 
 
-def _mapped_path(name: str, maps: str = "/proc/self/maps") -> Optional[str]:
-    """The path of the first file this process mapped whose path holds ``name``, or None."""
-    try:
-        with open(maps, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if name in line:
-                    return line.split()[-1]
-    except OSError:
-        pass
-    return None
-
-
-def _loaded_library(name: str) -> Any:
-    """A shared library this process already mapped (``/libcuda.so`` ...) as a ``ctypes.CDLL``, or
-    None."""
-    import ctypes
-
-    path = _mapped_path(name)
-    return None if path is None else ctypes.CDLL(path)
-
-
 def _cudart() -> Any:
     """The CUDA runtime torch already loaded (a ``ctypes.CDLL``), or None."""
-    return _loaded_library("libcudart.so")
-
-
-def _driver_record() -> Optional[int]:
-    """The address of the driver's ``cuEventRecord`` in the libcuda torch's runtime loaded, or None.
-    It takes the runtime's event and stream handles as they are (the same objects), without the
-    runtime's own work around the call."""
     import ctypes
 
+    path = None
     try:
-        libcuda = _loaded_library("/libcuda.so")
-        return None if libcuda is None else ctypes.cast(libcuda.cuEventRecord, ctypes.c_void_p).value
-    except (AttributeError, OSError):
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if "libcudart.so" in line:
+                    path = line.split()[-1]
+                    break
+    except OSError:
         return None
+    return None if path is None else ctypes.CDLL(path)
 
 
 def _runtime_entry_points(on_fail: Any) -> Optional[tuple]:
     """For the C hot path's phase end: the addresses of the runtime's ``cudaEventRecord``,
-    ``cudaStreamIsCapturing`` and ``cudaGetLastError`` in the libcudart torch loaded, what to
-    call when one fails, and the driver's ``cuEventRecord`` (None where it is not found: the
-    runtime's record then); None where the runtime's cannot be found."""
+    ``cudaStreamIsCapturing`` and ``cudaGetLastError`` in the libcudart torch loaded, and what to
+    call when one fails; None where they cannot be found."""
     import ctypes
 
     cudart = _cudart()
@@ -151,8 +127,7 @@ def _runtime_entry_points(on_fail: Any) -> Optional[tuple]:
         return None
     try:
         names = ("cudaEventRecord", "cudaStreamIsCapturing", "cudaGetLastError")
-        return tuple(ctypes.cast(getattr(cudart, n), ctypes.c_void_p).value for n in names) + (on_fail,
-                                                                                           _driver_record())
+        return tuple(ctypes.cast(getattr(cudart, n), ctypes.c_void_p).value for n in names) + (on_fail,)
     except AttributeError:
         return None
 
@@ -312,18 +287,11 @@ class CudaTimer:
 
     @property
     def hot_calls(self) -> str:
-        """What the phase end's capture check and record go through: ``cuda_driver`` (the record
-        through the driver, the check through the runtime), ``cuda_runtime`` or ``torch``."""
-        if self._c is None or not self._c.runtime:
-            return "torch"
-        return "cuda_driver" if self._c.driver else "cuda_runtime"
+        """What the phase end's capture check and record go through: ``cuda_runtime`` or ``torch``."""
+        return "cuda_runtime" if self._c is not None and self._c.runtime else "torch"
 
     @staticmethod
     def _runtime_failed(what: str) -> None:
-        if what == "cuEventRecord":
-            log.warning("sgl-probe: cuEventRecord through the CUDA driver failed; the hot path records through "
-                        "the CUDA runtime from now on")
-            return
         log.warning("sgl-probe: %s through the CUDA runtime failed; the hot path uses torch's calls from now on",
                     what)
 

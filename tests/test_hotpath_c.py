@@ -424,11 +424,11 @@ class _FakeRuntime:
     """libcudart's cudaEventRecord / cudaStreamIsCapturing / cudaGetLastError as real C function
     pointers (ctypes callbacks) over a stand-in torch, for the C timer's direct runtime calls."""
 
-    def __init__(self, ft, fail_record: int = 0, fail_capture: int = 0, fail_driver: int = 0) -> None:
+    def __init__(self, ft, fail_record: int = 0, fail_capture: int = 0) -> None:
         import ctypes
 
         self.ft, self.calls, self.cleared = ft, [], 0
-        self.fail_record, self.fail_capture, self.fail_driver = fail_record, fail_capture, fail_driver
+        self.fail_record, self.fail_capture = fail_record, fail_capture
         ft.cuda.Stream.cuda_stream = property(lambda s: 0x1000 + s.key[0])
 
         def record(ev, stream):
@@ -436,14 +436,6 @@ class _FakeRuntime:
             if self.fail_record:
                 return self.fail_record
             # ctypes passes NULL as None; a default stream's handle names the current device's
-            (st,) = [s for s in timer_streams(ft) if s.cuda_stream == (stream or 0) and (stream or s.key == ft.current)]
-            ft._record(ft.handles[ev], st)
-            return 0
-
-        def driver_record(ev, stream):  # the driver's cuEventRecord: the same handles
-            self.calls.append(("driver_record", ev, stream))
-            if self.fail_driver:
-                return self.fail_driver
             (st,) = [s for s in timer_streams(ft) if s.cuda_stream == (stream or 0) and (stream or s.key == ft.current)]
             ft._record(ft.handles[ev], st)
             return 0
@@ -461,8 +453,6 @@ class _FakeRuntime:
                      ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(capturing),
                      ctypes.CFUNCTYPE(ctypes.c_int)(last_error))
         self.addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._fns)
-        self._driver = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(driver_record)
-        self.driver_address = ctypes.cast(self._driver, ctypes.c_void_p).value
 
 
 _STREAMS: list = []
@@ -472,13 +462,12 @@ def timer_streams(ft):
     return _STREAMS
 
 
-def _runtime_timer(hot, monkeypatch, ft=None, driver=False, **fail):
+def _runtime_timer(hot, monkeypatch, ft=None, **fail):
     from sgl_probe import timing
 
     ft = ft or _FakeTorch()
     rt = _FakeRuntime(ft, **fail)
-    more = (rt.driver_address,) if driver else ()
-    monkeypatch.setattr(timing, "_runtime_entry_points", lambda on_fail: rt.addresses + (on_fail,) + more)
+    monkeypatch.setattr(timing, "_runtime_entry_points", lambda on_fail: rt.addresses + (on_fail,))
     timer = CudaTimer(ft, hot)
     timer.relax_capture_mode = False
     _STREAMS[:] = list(timer._streams.values())
@@ -1085,38 +1074,3 @@ def test_the_recorders_per_step_attributes_are_slots_and_any_other_kind_is_read_
         if cls is Props:
             assert seen.count("timer") >= 12 and [v for v in seen if v != "timer"] == [0, 1, 2, 3, 4, 5, 6]
 
-
-def test_the_c_timer_records_through_the_driver_and_on_a_refusal_through_the_runtime_with_one_line(
-        hot, monkeypatch, caplog):
-    """Given the driver's ``cuEventRecord``, a phase's end is recorded through it (the runtime's
-    record not called); the first refusal says so in one line, and that end and every later one
-    are recorded through the runtime, the capture check still the runtime's."""
-    ft, rt, timer = _runtime_timer(hot, monkeypatch, driver=True)
-    assert timer.hot_calls == "cuda_driver"
-    t = 10**12
-    end = timer.stop(timer.start(t), t + 5)
-    assert [c[0] for c in rt.calls] == ["capturing", "driver_record"]
-    assert rt.calls[1][1] == end[0].cuda_event and ft.records[-1] == (end[0], ft.current)
-    rt.fail_driver = 999
-    n = len(ft.records)
-    with caplog.at_level(logging.WARNING, logger="sgl_probe"):
-        caplog.clear()
-        ends = [timer.stop(timer.start(t + i * 10**6), t + i * 10**6 + 5) for i in range(1, 4)]
-    assert all(e is not None for e in ends) and len(ft.records) == n + 3
-    assert [c[0] for c in rt.calls[2:]] == ["capturing", "driver_record", "record", "capturing", "record",
-                                             "capturing", "record"]
-    assert [r.getMessage() for r in caplog.records] == [
-        "sgl-probe: cuEventRecord through the CUDA driver failed; the hot path records through the CUDA runtime "
-        "from now on"]
-    assert timer.hot_calls == "cuda_runtime" and rt.cleared == 0
-
-
-def test_the_driver_is_the_mapped_libcuda_not_the_runtime_beside_it(tmp_path):
-    from sgl_probe import timing
-
-    maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /venv/nvidia/cuda_runtime/lib/libcudart.so.12\n"
-                    "7f02-7f03 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libcuda.so.570.86.15\n")
-    assert timing._mapped_path("/libcuda.so", str(maps)) == "/usr/lib/x86_64-linux-gnu/libcuda.so.570.86.15"
-    assert timing._mapped_path("libcudart.so", str(maps)) == "/venv/nvidia/cuda_runtime/lib/libcudart.so.12"
-    assert timing._mapped_path("/libcuda.so", str(tmp_path / "none")) is None

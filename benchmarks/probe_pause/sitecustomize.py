@@ -25,7 +25,7 @@ promoted, which can make SGLang's full collections of its large heap more freque
 difference between two flips says how much of a recording window went there. The same file
 carries what the probe's CUDA timer reads GPU times with (``elapsed_source``; None before the
 first step or with the CPU timer), so a benchmark can see which read ran, what its phase ends
-record through (``hot_calls``: ``cuda_driver``, ``cuda_runtime`` or ``torch``), and where the process
+record through (``hot_calls``: ``cuda_runtime`` or ``torch``), and where the process
 imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
 
 ``SGL_BENCH_KEEP_GIL=1``: at its first flip the shim switches the CUDA timer's

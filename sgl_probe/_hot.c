@@ -1391,9 +1391,18 @@ typedef int (*event_record_fn)(void *event, void *stream);
 typedef int (*stream_is_capturing_fn)(void *stream, int *status);
 typedef int (*get_last_error_fn)(void);
 
+static int as_ll(PyObject *v, long long *out);
+
 typedef struct {
     PyObject_HEAD
     PyObject *timer, *state;
+    /* The timer's ``_anchor_due``, ``_last_end`` and ``_chain`` (the last end token the drain
+       mapped, and where): read and written on every phase (the first two by start / stop on the
+       scheduler thread, the chain by the drain), so kept here instead of in the timer's instance
+       dict, where each look-up costs a few cache-cold lines; CudaTimer's attributes of those names
+       read and write these once the timer has its C half. */
+    long long anchor_due, chain_t;
+    PyObject *last_end, *chain_end;
     /* ``runtime``: the phase end's capture check and event record go straight to libcudart, with
        the GIL held. torch's ``Event.record`` releases the GIL around the call (another thread may
        take it, and the scheduler thread waits to get it back) and sets the device around it;
@@ -1498,6 +1507,8 @@ fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
     Py_VISIT(f->state);
     Py_VISIT(f->on_fail);
     Py_VISIT(f->handles);
+    Py_VISIT(f->last_end);
+    Py_VISIT(f->chain_end);
     return 0;
 }
 
@@ -1509,6 +1520,8 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->on_fail);
     Py_CLEAR(f->handles);
     Py_CLEAR(f->last_read);
+    Py_CLEAR(f->last_end);
+    Py_CLEAR(f->chain_end);
     evh_free(f);
     return 0;
 }
@@ -1537,14 +1550,57 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             return NULL;
         }
     }
-    PyObject *handles = PyDict_New();
-    if (handles == NULL)
+    /* The kept values' current ones, taken out of the dict (CudaTimer reads them here from now on). */
+    long long due = 0, chain_t = 0;
+    PyObject *last_end = NULL, *chain_end = NULL;
+    PyObject *v = PyDict_GetItemWithError(state, s_anchor_due);
+    if ((v != NULL && as_ll(v, &due) < 0) || PyErr_Occurred())
         return NULL;
+    v = PyDict_GetItemWithError(state, s_last_end);
+    if (v == NULL && PyErr_Occurred())
+        return NULL;
+    last_end = v == NULL ? Py_None : v;
+    v = PyDict_GetItemWithError(state, s__chain);
+    if (v == NULL && PyErr_Occurred())
+        return NULL;
+    if (v != NULL) {
+        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2 || as_ll(PyTuple_GET_ITEM(v, 1), &chain_t) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's _chain is not (end, t)");
+            return NULL;
+        }
+        chain_end = PyTuple_GET_ITEM(v, 0);
+    }
+    last_end = Py_NewRef(last_end);
+    chain_end = Py_NewRef(chain_end == NULL ? Py_None : chain_end);
+    PyObject *keys[3] = {s_anchor_due, s_last_end, s__chain};
+    for (int i = 0; i < 3; i++) {
+        if (PyDict_DelItem(state, keys[i]) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                Py_DECREF(last_end);
+                Py_DECREF(chain_end);
+                return NULL;
+            }
+            PyErr_Clear();
+        }
+    }
+    PyObject *handles = PyDict_New();
+    if (handles == NULL) {
+        Py_DECREF(last_end);
+        Py_DECREF(chain_end);
+        return NULL;
+    }
     CudaFastObject *f = PyObject_GC_New(CudaFastObject, type);
     if (f == NULL) {
         Py_DECREF(handles);
+        Py_DECREF(last_end);
+        Py_DECREF(chain_end);
         return NULL;
     }
+    f->anchor_due = due;
+    f->chain_t = chain_t;
+    f->last_end = last_end;
+    f->chain_end = chain_end;
     f->handles = handles;
     f->evh = NULL;
     f->evh_n = 0;
@@ -1590,23 +1646,18 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *now = args[0];
-    PyObject *due = state_get(f, s_anchor_due);
-    if (due == NULL)
-        return NULL;
-    int is_due = PyObject_RichCompareBool(now, due, Py_GE);
-    if (is_due < 0)
+    long long now_v;
+    if (as_ll(now, &now_v) < 0)
         return NULL;
     int busy = 0;
-    if (is_due) {
+    if (now_v >= f->anchor_due) {
         PyObject *r = PyObject_CallMethodOneArg(f->timer, s_refresh_anchor, now);
         if (r == NULL)
             return NULL;
         busy = r == Py_False;
         Py_DECREF(r);
     }
-    PyObject *last = state_get(f, s_last_end);
-    if (last == NULL)
-        return NULL;
+    PyObject *last = f->last_end;
     /* Untracked (see is_atom): a token holds the clock, the previous end token, torch's event and
        stream objects and an anchor, none of which can lead back to a token. */
     PyObject *token = busy ? PyTuple_Pack(3, now, last, Py_None) : PyTuple_Pack(2, now, last);
@@ -1866,8 +1917,8 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         end = PyTuple_Pack(4, ev, stream, now, anchor);
         if (end != NULL)
             PyObject_GC_UnTrack(end); /* as fast_start's token */
-        if (end != NULL && PyDict_SetItem(f->state, s_last_end, end) < 0)
-            Py_CLEAR(end);
+        if (end != NULL)
+            Py_SETREF(f->last_end, Py_NewRef(end));
         SECTION_ADD(stop_tail, sec_ev);
     }
 done:
@@ -2019,10 +2070,11 @@ interval_kind(CudaFastObject *f, TakeCtx *c, PyObject *start, PyObject *end, lon
             PyObject *bad = state_get(f, s__bad_anchor);
             if (bad == NULL)
                 return -1;
-            if (bad != anchor_ev &&
-                (PyDict_SetItem(f->state, s__bad_anchor, anchor_ev) < 0 ||
-                 PyDict_SetItem(f->state, s_anchor_due, int_zero) < 0))
-                return -1;
+            if (bad != anchor_ev) {
+                if (PyDict_SetItem(f->state, s__bad_anchor, anchor_ev) < 0)
+                    return -1;
+                f->anchor_due = 0;
+            }
         }
         t1 = floor;
     }
@@ -2036,15 +2088,9 @@ interval_kind(CudaFastObject *f, TakeCtx *c, PyObject *start, PyObject *end, lon
         kind = c->gpu_event;
     }
     else {
-        PyObject *chain = state_get(f, s__chain);
-        if (chain == NULL)
-            return -1;
         PyObject *last = PyTuple_GET_ITEM(start, 1);
-        if (last != Py_None && PyTuple_Check(chain) && PyTuple_GET_SIZE(chain) == 2 &&
-            last == PyTuple_GET_ITEM(chain, 0) && PyTuple_Check(last) && PyTuple_GET_SIZE(last) >= 2) {
-            long long chain_t;
-            if (as_ll(PyTuple_GET_ITEM(chain, 1), &chain_t) < 0)
-                return -1;
+        if (last != Py_None && last == f->chain_end && PyTuple_Check(last) && PyTuple_GET_SIZE(last) >= 2) {
+            long long chain_t = f->chain_t;
             PyObject *last_stream = PyTuple_GET_ITEM(last, 1);
             int same = last_stream == stream;
             if (!same && (same = PyObject_RichCompareBool(last_stream, stream, Py_EQ)) < 0)
@@ -2058,15 +2104,8 @@ interval_kind(CudaFastObject *f, TakeCtx *c, PyObject *start, PyObject *end, lon
     }
     if (t1 < t0)
         t1 = t0;
-    PyObject *t1_obj = PyLong_FromLongLong(t1);
-    PyObject *chain = t1_obj == NULL ? NULL : PyTuple_Pack(2, end, t1_obj);
-    Py_XDECREF(t1_obj);
-    if (chain == NULL)
-        return -1;
-    int rc = PyDict_SetItem(f->state, s__chain, chain);
-    Py_DECREF(chain);
-    if (rc < 0)
-        return -1;
+    Py_SETREF(f->chain_end, Py_NewRef(end));
+    f->chain_t = t1;
     *t0_out = t0;
     *t1_out = t1;
     *kind_out = kind;
@@ -2550,7 +2589,74 @@ fast_handles_kept_get(CudaFastObject *f, void *closure)
     return PyLong_FromSsize_t(f->evh_n);
 }
 
+/* The kept values (see CudaFastObject), as CudaTimer's ``_anchor_due``, ``_last_end``, ``_chain``. */
+static PyObject *
+fast_anchor_due_get(CudaFastObject *f, void *closure)
+{
+    return PyLong_FromLongLong(f->anchor_due);
+}
+
+static int
+fast_anchor_due_set(CudaFastObject *f, PyObject *v, void *closure)
+{
+    long long due;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "anchor_due cannot be deleted");
+        return -1;
+    }
+    if (as_ll(v, &due) < 0)
+        return -1;
+    f->anchor_due = due;
+    return 0;
+}
+
+static PyObject *
+fast_last_end_get(CudaFastObject *f, void *closure)
+{
+    return Py_NewRef(f->last_end);
+}
+
+static int
+fast_last_end_set(CudaFastObject *f, PyObject *v, void *closure)
+{
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "last_end cannot be deleted");
+        return -1;
+    }
+    Py_SETREF(f->last_end, Py_NewRef(v));
+    return 0;
+}
+
+static PyObject *
+fast_chain_get(CudaFastObject *f, void *closure)
+{
+    PyObject *t = PyLong_FromLongLong(f->chain_t);
+    if (t == NULL)
+        return NULL;
+    PyObject *r = PyTuple_Pack(2, f->chain_end, t);
+    Py_DECREF(t);
+    return r;
+}
+
+static int
+fast_chain_set(CudaFastObject *f, PyObject *v, void *closure)
+{
+    long long t;
+    if (v == NULL || !PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2) {
+        PyErr_SetString(PyExc_TypeError, "chain: (end token, mapped ns)");
+        return -1;
+    }
+    if (as_ll(PyTuple_GET_ITEM(v, 1), &t) < 0)
+        return -1;
+    Py_SETREF(f->chain_end, Py_NewRef(PyTuple_GET_ITEM(v, 0)));
+    f->chain_t = t;
+    return 0;
+}
+
 static PyGetSetDef fast_getset[] = {
+    {"anchor_due", (getter)fast_anchor_due_get, (setter)fast_anchor_due_set, "CudaTimer._anchor_due", NULL},
+    {"last_end", (getter)fast_last_end_get, (setter)fast_last_end_set, "CudaTimer._last_end", NULL},
+    {"chain", (getter)fast_chain_get, (setter)fast_chain_set, "CudaTimer._chain", NULL},
     {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
     {"handles_kept", (getter)fast_handles_kept_get, NULL, "how many events' raw handles are kept", NULL},
     {NULL},

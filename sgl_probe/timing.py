@@ -176,6 +176,34 @@ def runtime_elapsed(cudart: Any, refused: Any, keep_gil: bool = False) -> Any:
     return elapsed
 
 
+class _Kept:
+    """A CudaTimer attribute that its C half (``sgl_probe._hot.CudaFast``) reads or writes on every
+    phase: kept in that object's struct once the timer has one (a look-up in the instance dict
+    costs a few cache-cold lines on the scheduler thread), in the instance dict before and
+    without one. Reading and writing it looks the same either way."""
+
+    def __set_name__(self, owner: Any, name: str) -> None:
+        self.key, self.field = name, name.lstrip("_")
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        c = obj.__dict__.get("_c")
+        if c is not None:
+            return getattr(c, self.field)
+        try:
+            return obj.__dict__[self.key]
+        except KeyError:
+            raise AttributeError(self.key) from None
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        c = obj.__dict__.get("_c")
+        if c is not None:
+            setattr(c, self.field, value)
+        else:
+            obj.__dict__[self.key] = value
+
+
 class CudaTimer:
     """One event per phase: the end. Token of ``start``: ``(host_ns, previous_end)``, plus the start
     event with :meth:`record_starts`, or ``None`` there when the stream was seen busy; token of
@@ -212,6 +240,9 @@ class CudaTimer:
     _ANCHOR_EVERY_NS = 100_000_000
     _POOL_MAX = 4096
     _STREAMS_MAX = 256
+    _anchor_due = _Kept()
+    _last_end = _Kept()
+    _chain = _Kept()
 
     def __init__(self, torch_mod: Any, fast: Any = None) -> None:
         cuda = torch_mod.cuda

@@ -1074,3 +1074,32 @@ def test_the_recorders_per_step_attributes_are_slots_and_any_other_kind_is_read_
         if cls is Props:
             assert seen.count("timer") >= 12 and [v for v in seen if v != "timer"] == [0, 1, 2, 3, 4, 5, 6]
 
+
+
+def test_the_timers_per_phase_values_live_in_its_c_half_and_read_the_same_from_python(hot, monkeypatch):
+    """``_anchor_due``, ``_last_end`` and ``_chain`` move into the C half when the timer gets one
+    (no stale copies left in the instance dict); a write from Python is what the C start and the C
+    drain see next, and what they write is what Python reads. A timer without a C half keeps them
+    in its dict."""
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    assert not {"_anchor_due", "_last_end", "_chain"} & set(vars(timer))
+    assert (timer._anchor_due, timer._last_end, timer._chain) == (0, None, (None, 0))
+    t = 10**12
+    end = timer.stop(timer.start(t), t + 5)  # the first start takes an anchor
+    assert timer._last_end is end and timer._anchor_due == t + CudaTimer._ANCHOR_EVERY_NS
+    timer._last_end = marker = ("marker",)
+    assert timer.start(t + 10)[1] is marker
+    timer._anchor_due = t + 20  # due: the next start past it takes a fresh anchor (one more record)
+    n = len(ft.records)
+    timer.start(t + 19)
+    assert len(ft.records) == n
+    timer.start(t + 20)
+    assert len(ft.records) == n + 1 and timer._anchor_due == t + 20 + CudaTimer._ANCHOR_EVERY_NS
+    timer._chain = (end, 42)
+    assert timer._c.chain == (end, 42)
+    with pytest.raises(TypeError):
+        timer._chain = None
+    plain = CudaTimer(_FakeTorch(), None)
+    assert plain._c is None and vars(plain)["_anchor_due"] == 0 and vars(plain)["_last_end"] is None
+    plain._chain = (None, 7)
+    assert vars(plain)["_chain"] == (None, 7) == plain._chain

@@ -1396,13 +1396,13 @@ static int as_ll(PyObject *v, long long *out);
 typedef struct {
     PyObject_HEAD
     PyObject *timer, *state;
-    /* The timer's ``_anchor_due``, ``_last_end`` and ``_chain`` (the last end token the drain
-       mapped, and where): read and written on every phase (the first two by start / stop on the
-       scheduler thread, the chain by the drain), so kept here instead of in the timer's instance
-       dict, where each look-up costs a few cache-cold lines; CudaTimer's attributes of those names
-       read and write these once the timer has its C half. */
+    /* The timer's attributes read or written on every phase: ``_anchor_due``, ``_last_end``,
+       ``_pool``, ``_anchors``, ``_raw_stream`` by start / stop on the scheduler thread, ``_chain``
+       (the last end token the drain mapped, and where) by the drain. Kept here instead of in the
+       timer's instance dict, where each look-up costs a few cache-cold lines; CudaTimer's
+       attributes of those names read and write these once the timer has its C half (KEPT). */
     long long anchor_due, chain_t;
-    PyObject *last_end, *chain_end;
+    PyObject *last_end, *chain_end, *pool, *anchors, *raw_stream;
     /* ``runtime``: the phase end's capture check and event record go straight to libcudart, with
        the GIL held. torch's ``Event.record`` releases the GIL around the call (another thread may
        take it, and the scheduler thread waits to get it back) and sets the device around it;
@@ -1422,6 +1422,12 @@ typedef struct {
     PyObject *last_read;
     void *last_read_handle;
 } CudaFastObject;
+
+/* The kept objects in field order (last_end ... raw_stream), and the attribute each comes from
+   (none for the chain's end, which comes with the chain). */
+enum { KEPT_LAST_END, KEPT_CHAIN_END, KEPT_POOL, KEPT_ANCHORS, KEPT_RAW_STREAM, KEPT_N };
+#define KEPT_AT(f, i) (&(f)->last_end + (i))
+static PyObject **kept_names[KEPT_N] = {&s_last_end, NULL, &s__pool, &s__anchors, &s__raw_stream};
 
 /* torch's events' raw handles by object, open addressing on the object's address. The pool cycles
    a bounded set of events (those of the steps the drain has not taken yet, ~a second's), and
@@ -1509,6 +1515,9 @@ fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
     Py_VISIT(f->handles);
     Py_VISIT(f->last_end);
     Py_VISIT(f->chain_end);
+    Py_VISIT(f->pool);
+    Py_VISIT(f->anchors);
+    Py_VISIT(f->raw_stream);
     return 0;
 }
 
@@ -1522,6 +1531,9 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->last_read);
     Py_CLEAR(f->last_end);
     Py_CLEAR(f->chain_end);
+    Py_CLEAR(f->pool);
+    Py_CLEAR(f->anchors);
+    Py_CLEAR(f->raw_stream);
     evh_free(f);
     return 0;
 }
@@ -1552,14 +1564,10 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     /* The kept values' current ones, taken out of the dict (CudaTimer reads them here from now on). */
     long long due = 0, chain_t = 0;
-    PyObject *last_end = NULL, *chain_end = NULL;
+    PyObject *kept[KEPT_N] = {NULL};
     PyObject *v = PyDict_GetItemWithError(state, s_anchor_due);
     if ((v != NULL && as_ll(v, &due) < 0) || PyErr_Occurred())
         return NULL;
-    v = PyDict_GetItemWithError(state, s_last_end);
-    if (v == NULL && PyErr_Occurred())
-        return NULL;
-    last_end = v == NULL ? Py_None : v;
     v = PyDict_GetItemWithError(state, s__chain);
     if (v == NULL && PyErr_Occurred())
         return NULL;
@@ -1569,16 +1577,24 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                 PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's _chain is not (end, t)");
             return NULL;
         }
-        chain_end = PyTuple_GET_ITEM(v, 0);
+        kept[KEPT_CHAIN_END] = PyTuple_GET_ITEM(v, 0);
     }
-    last_end = Py_NewRef(last_end);
-    chain_end = Py_NewRef(chain_end == NULL ? Py_None : chain_end);
-    PyObject *keys[3] = {s_anchor_due, s_last_end, s__chain};
-    for (int i = 0; i < 3; i++) {
-        if (PyDict_DelItem(state, keys[i]) < 0) {
+    for (int i = 0; i < KEPT_N; i++) {
+        if (kept_names[i] == NULL)
+            continue;
+        v = PyDict_GetItemWithError(state, *kept_names[i]);
+        if (v == NULL && PyErr_Occurred())
+            return NULL;
+        kept[i] = v;
+    }
+    for (int i = 0; i < KEPT_N; i++)
+        kept[i] = Py_NewRef(kept[i] == NULL ? Py_None : kept[i]);
+    PyObject **drop[] = {&s_anchor_due, &s__chain, &s_last_end, &s__pool, &s__anchors, &s__raw_stream};
+    for (size_t i = 0; i < sizeof(drop) / sizeof(drop[0]); i++) {
+        if (PyDict_DelItem(state, *drop[i]) < 0) {
             if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
-                Py_DECREF(last_end);
-                Py_DECREF(chain_end);
+                for (int k = 0; k < KEPT_N; k++)
+                    Py_DECREF(kept[k]);
                 return NULL;
             }
             PyErr_Clear();
@@ -1586,21 +1602,21 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     PyObject *handles = PyDict_New();
     if (handles == NULL) {
-        Py_DECREF(last_end);
-        Py_DECREF(chain_end);
+        for (int k = 0; k < KEPT_N; k++)
+            Py_DECREF(kept[k]);
         return NULL;
     }
     CudaFastObject *f = PyObject_GC_New(CudaFastObject, type);
     if (f == NULL) {
         Py_DECREF(handles);
-        Py_DECREF(last_end);
-        Py_DECREF(chain_end);
+        for (int k = 0; k < KEPT_N; k++)
+            Py_DECREF(kept[k]);
         return NULL;
     }
     f->anchor_due = due;
     f->chain_t = chain_t;
-    f->last_end = last_end;
-    f->chain_end = chain_end;
+    for (int k = 0; k < KEPT_N; k++)
+        *KEPT_AT(f, k) = kept[k];
     f->handles = handles;
     f->evh = NULL;
     f->evh_n = 0;
@@ -1749,9 +1765,7 @@ current_stream(CudaFastObject *f, PyObject **key_out, PyObject **stream_out)
 static int
 current_stream_runtime(CudaFastObject *f, PyObject **key_out, PyObject **stream_out, void **handle_out)
 {
-    PyObject *raw = state_get(f, s__raw_stream);
-    if (raw == NULL)
-        return -1;
+    PyObject *raw = f->raw_stream;
     PyObject *h = NULL;
     if (raw != Py_None) {
         if ((h = PyObject_CallOneArg(raw, int_minus_one)) == NULL)
@@ -1831,9 +1845,7 @@ torch_record(CudaFastObject *f, PyObject *ev, PyObject *stream)
 static PyObject *
 pop_event(CudaFastObject *f)
 {
-    PyObject *pool = state_need(f, s__pool);
-    if (pool == NULL)
-        return NULL;
+    PyObject *pool = f->pool;
     Py_ssize_t n = PyList_Check(pool) ? PyList_GET_SIZE(pool) : 0;
     if (n == 0)
         return PyObject_CallMethodNoArgs(f->timer, s_pop);
@@ -1900,10 +1912,9 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     PyObject *device = PyTuple_GET_ITEM(key, 1);
-    PyObject *anchors = state_need(f, s__anchors);
-    if (anchors == NULL || !PyDict_Check(anchors)) {
-        if (anchors != NULL)
-            PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's anchors are not a dict");
+    PyObject *anchors = f->anchors;
+    if (!PyDict_Check(anchors)) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's anchors are not a dict");
         goto done;
     }
     PyObject *anchor = PyDict_GetItemWithError(anchors, device);
@@ -2610,20 +2621,21 @@ fast_anchor_due_set(CudaFastObject *f, PyObject *v, void *closure)
     return 0;
 }
 
+/* A kept object (closure: its KEPT index). */
 static PyObject *
-fast_last_end_get(CudaFastObject *f, void *closure)
+fast_kept_get(CudaFastObject *f, void *closure)
 {
-    return Py_NewRef(f->last_end);
+    return Py_NewRef(*KEPT_AT(f, (int)(intptr_t)closure));
 }
 
 static int
-fast_last_end_set(CudaFastObject *f, PyObject *v, void *closure)
+fast_kept_set(CudaFastObject *f, PyObject *v, void *closure)
 {
     if (v == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "last_end cannot be deleted");
+        PyErr_SetString(PyExc_AttributeError, "a kept attribute of the CUDA timer cannot be deleted");
         return -1;
     }
-    Py_SETREF(f->last_end, Py_NewRef(v));
+    Py_SETREF(*KEPT_AT(f, (int)(intptr_t)closure), Py_NewRef(v));
     return 0;
 }
 
@@ -2655,7 +2667,10 @@ fast_chain_set(CudaFastObject *f, PyObject *v, void *closure)
 
 static PyGetSetDef fast_getset[] = {
     {"anchor_due", (getter)fast_anchor_due_get, (setter)fast_anchor_due_set, "CudaTimer._anchor_due", NULL},
-    {"last_end", (getter)fast_last_end_get, (setter)fast_last_end_set, "CudaTimer._last_end", NULL},
+    {"last_end", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._last_end", (void *)KEPT_LAST_END},
+    {"pool", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._pool", (void *)KEPT_POOL},
+    {"anchors", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._anchors", (void *)KEPT_ANCHORS},
+    {"raw_stream", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._raw_stream", (void *)KEPT_RAW_STREAM},
     {"chain", (getter)fast_chain_get, (setter)fast_chain_set, "CudaTimer._chain", NULL},
     {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
     {"handles_kept", (getter)fast_handles_kept_get, NULL, "how many events' raw handles are kept", NULL},

@@ -243,6 +243,9 @@ class CudaTimer:
     _anchor_due = _Kept()
     _last_end = _Kept()
     _chain = _Kept()
+    _pool = _Kept()
+    _anchors = _Kept()
+    _raw_stream = _Kept()
 
     def __init__(self, torch_mod: Any, fast: Any = None) -> None:
         cuda = torch_mod.cuda

@@ -1082,7 +1082,7 @@ def test_the_timers_per_phase_values_live_in_its_c_half_and_read_the_same_from_p
     drain see next, and what they write is what Python reads. A timer without a C half keeps them
     in its dict."""
     ft, rt, timer = _runtime_timer(hot, monkeypatch)
-    assert not {"_anchor_due", "_last_end", "_chain"} & set(vars(timer))
+    assert not {"_anchor_due", "_last_end", "_chain", "_pool", "_anchors", "_raw_stream"} & set(vars(timer))
     assert (timer._anchor_due, timer._last_end, timer._chain) == (0, None, (None, 0))
     t = 10**12
     end = timer.stop(timer.start(t), t + 5)  # the first start takes an anchor
@@ -1097,6 +1097,18 @@ def test_the_timers_per_phase_values_live_in_its_c_half_and_read_the_same_from_p
     assert len(ft.records) == n + 1 and timer._anchor_due == t + 20 + CudaTimer._ANCHOR_EVERY_NS
     timer._chain = (end, 42)
     assert timer._c.chain == (end, 42)
+    timer._anchors = {}  # no anchor on this device: the next end is its own anchor
+    e = timer.stop(timer.start(t + 30), t + 35)
+    assert e[3][0] is e[0] and timer._anchors[ft.current[1]] is e[3]
+    mine = ft.cuda.Event(enable_timing=True)
+    timer._pool = [mine]
+    timer._pop = lambda: pytest.fail("the pool had an event: taken in C, without the Python fallback")
+    assert timer.stop(timer.start(t + 40), t + 45)[0] is mine and timer._pool == []
+    del timer._pop
+    asked = []
+    timer._raw_stream = lambda device: asked.append(device) or 0x7777  # a handle no look-up named
+    timer.stop(timer.start(t + 50), t + 55)
+    assert asked == [-1]
     with pytest.raises(TypeError):
         timer._chain = None
     plain = CudaTimer(_FakeTorch(), None)

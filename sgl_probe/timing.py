@@ -178,30 +178,17 @@ def runtime_elapsed(cudart: Any, refused: Any, keep_gil: bool = False) -> Any:
 
 class _Kept:
     """A CudaTimer attribute that its C half (``sgl_probe._hot.CudaFast``) reads or writes on every
-    phase: kept in that object's struct once the timer has one (a look-up in the instance dict
-    costs a few cache-cold lines on the scheduler thread), in the instance dict before and
-    without one. Reading and writing it looks the same either way."""
+    phase, kept in that object's struct (a look-up in the instance dict costs a few cache-cold
+    lines on the scheduler thread). Reading and writing it looks as for a plain attribute."""
 
     def __set_name__(self, owner: Any, name: str) -> None:
-        self.key, self.field = name, name.lstrip("_")
+        self.field = name.lstrip("_")
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
-        if obj is None:
-            return self
-        c = obj.__dict__.get("_c")
-        if c is not None:
-            return getattr(c, self.field)
-        try:
-            return obj.__dict__[self.key]
-        except KeyError:
-            raise AttributeError(self.key) from None
+        return self if obj is None else getattr(obj._c, self.field)
 
     def __set__(self, obj: Any, value: Any) -> None:
-        c = obj.__dict__.get("_c")
-        if c is not None:
-            setattr(c, self.field, value)
-        else:
-            obj.__dict__[self.key] = value
+        setattr(obj._c, self.field, value)
 
 
 class CudaTimer:
@@ -240,12 +227,6 @@ class CudaTimer:
     _ANCHOR_EVERY_NS = 100_000_000
     _POOL_MAX = 4096
     _STREAMS_MAX = 256
-    _anchor_due = _Kept()
-    _last_end = _Kept()
-    _chain = _Kept()
-    _pool = _Kept()
-    _anchors = _Kept()
-    _raw_stream = _Kept()
 
     def __init__(self, torch_mod: Any, fast: Any = None) -> None:
         cuda = torch_mod.cuda
@@ -308,6 +289,9 @@ class CudaTimer:
             # and the Python methods here see and change the same dict and containers.
             runtime = _runtime_entry_points(self._runtime_failed) if self.hot_runtime_calls else None
             self._c = fast.CudaFast(self, vars(self), runtime)
+            # The attributes the C half keeps are read there from now on (_CudaTimerKept); a timer
+            # without one keeps plain attributes, which its Python methods read faster.
+            self.__class__ = _CudaTimerKept
             self.start, self.stop = self._c.start, self._c.stop  # type: ignore[method-assign]
             self.ready_steps = functools.partial(fast.ready_steps, self.ready_prefix)
 
@@ -649,3 +633,15 @@ def make_timer(choice: str, log, fast: Any = None) -> Any:
     if choice == "cuda":
         log.warning("sgl-probe: SGL_PROBE_TIMER=cuda but CUDA is not available here; using the cpu timer")
     return CpuTimer(fast)
+
+
+class _CudaTimerKept(CudaTimer):
+    """A CudaTimer with its C half (``sgl_probe._hot.CudaFast``): the attributes that the C half
+    reads or writes on every phase live in it (see :class:`_Kept`)."""
+
+    _anchor_due = _Kept()
+    _last_end = _Kept()
+    _chain = _Kept()
+    _pool = _Kept()
+    _anchors = _Kept()
+    _raw_stream = _Kept()

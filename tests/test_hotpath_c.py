@@ -1077,10 +1077,10 @@ def test_the_recorders_per_step_attributes_are_slots_and_any_other_kind_is_read_
 
 
 def test_the_timers_per_phase_values_live_in_its_c_half_and_read_the_same_from_python(hot, monkeypatch):
-    """``_anchor_due``, ``_last_end`` and ``_chain`` move into the C half when the timer gets one
-    (no stale copies left in the instance dict); a write from Python is what the C start and the C
-    drain see next, and what they write is what Python reads. A timer without a C half keeps them
-    in its dict."""
+    """``_anchor_due``, ``_last_end``, ``_chain``, ``_pool``, ``_anchors`` and ``_raw_stream`` move
+    into the C half when the timer gets one (no stale copies left in the instance dict); a write
+    from Python is what the C start, stop and drain use next, and what they write is what Python
+    reads. A timer without a C half keeps them as plain attributes."""
     ft, rt, timer = _runtime_timer(hot, monkeypatch)
     assert not {"_anchor_due", "_last_end", "_chain", "_pool", "_anchors", "_raw_stream"} & set(vars(timer))
     assert (timer._anchor_due, timer._last_end, timer._chain) == (0, None, (None, 0))
@@ -1111,7 +1111,8 @@ def test_the_timers_per_phase_values_live_in_its_c_half_and_read_the_same_from_p
     assert asked == [-1]
     with pytest.raises(TypeError):
         timer._chain = None
-    plain = CudaTimer(_FakeTorch(), None)
+    plain = CudaTimer(_FakeTorch(), None)  # no C half: plain attributes, as its Python methods read fastest
+    assert type(plain) is CudaTimer and isinstance(timer, CudaTimer) and type(timer) is not CudaTimer
     assert plain._c is None and vars(plain)["_anchor_due"] == 0 and vars(plain)["_last_end"] is None
     plain._chain = (None, 7)
     assert vars(plain)["_chain"] == (None, 7) == plain._chain

@@ -1768,7 +1768,10 @@ current_stream_runtime(CudaFastObject *f, PyObject **key_out, PyObject **stream_
     PyObject *raw = f->raw_stream;
     PyObject *h = NULL;
     if (raw != Py_None) {
-        if ((h = PyObject_CallOneArg(raw, int_minus_one)) == NULL)
+        Py_INCREF(raw); /* held across the call: a Python reader could replace the kept one */
+        h = PyObject_CallOneArg(raw, int_minus_one);
+        Py_DECREF(raw);
+        if (h == NULL)
             return -1;
         PyObject *hit = PyDict_GetItemWithError(f->handles, h);
         if (hit != NULL) {

@@ -286,11 +286,13 @@ class CudaTimer:
             self.stop = self._stop_portable  # type: ignore[method-assign]
         elif fast is not None:
             # start / stop in C (sgl_probe.hotpath), over this object's own state: the drain thread
-            # and the Python methods here see and change the same dict and containers.
+            # and the Python methods here see and change the same values and containers. Those the
+            # C half uses on every phase move into it (taken out of the instance dict), and this
+            # object's class becomes one whose attributes of those names read and write them there
+            # (_CudaTimerKept); a timer without a C half keeps plain attributes, which its Python
+            # methods read faster.
             runtime = _runtime_entry_points(self._runtime_failed) if self.hot_runtime_calls else None
             self._c = fast.CudaFast(self, vars(self), runtime)
-            # The attributes the C half keeps are read there from now on (_CudaTimerKept); a timer
-            # without one keeps plain attributes, which its Python methods read faster.
             self.__class__ = _CudaTimerKept
             self.start, self.stop = self._c.start, self._c.stop  # type: ignore[method-assign]
             self.ready_steps = functools.partial(fast.ready_steps, self.ready_prefix)

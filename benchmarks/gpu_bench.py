@@ -67,6 +67,7 @@ def main() -> None:
     log("meta %s" % RESULTS["meta"])
     only = set(filter(None, args.only.split(",")))
     want = lambda s: not only or s in only  # noqa: E731
+    os.makedirs(args.out, exist_ok=True)  # a missing folder lost run 33a's results at the first save
     path = os.path.join(args.out, "gpu_bench.json")
     spans_path = os.path.join(tempfile.gettempdir(), "gpu_bench_spans_%d.jsonl" % os.getpid())
     rcv = gc.ReceiverProcess(spans_path)

@@ -39,12 +39,13 @@ static PyObject *perf_counter_ns;
    ``--section-times``): where the wrappers' own time goes inside a real server, caches as they are
    there, which no timing layer around them can split; and the drain thread's C parts (``drain_*``:
    the ready checks, the reads ahead: collecting them with the GIL, reading without it, getting
-   the GIL back; then per step its pop, its row, its events' release; the summary). A normal build
-   compiles none of it. */
+   the GIL back; then per step its pop, its row, its events' release; the summary). ``start_anchor``
+   is the part of ``phase_start`` that refreshes the CUDA timer's anchor (in Python, every 100 ms).
+   A normal build compiles none of it. */
 #ifdef SGL_PROBE_SECTION_TIMES
 #define SECTIONS(X)                                                                                            \
     X(step_enter) X(step_read) X(step_exit) X(phase_enter) X(phase_read) X(phase_start) X(phase_exit)        \
-    X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)                          \
+    X(start_anchor) X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)          \
     X(drain_ready) X(drain_collect) X(drain_reads) X(drain_regain) X(drain_pop) X(drain_resolve)               \
     X(drain_release) X(drain_summary)
 #define SECTION_ID(name) SEC_##name,
@@ -1667,7 +1668,9 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int busy = 0;
     if (now_v >= f->anchor_due) {
+        SECTION_T0(sec);
         PyObject *r = PyObject_CallMethodOneArg(f->timer, s_refresh_anchor, now);
+        SECTION_ADD(start_anchor, sec); /* part of phase_start, every 100 ms: the anchor's refresh */
         if (r == NULL)
             return NULL;
         busy = r == Py_False;

@@ -456,6 +456,8 @@ def test_the_section_build_times_the_c_wrappers_and_the_controller_reports_them(
     calls = {k: after[k][1] - before[k][1] for k in after}
     assert calls["drain_collect"] == calls["drain_reads"] == calls["drain_regain"] >= 1
     assert calls["drain_release"] == calls["drain_pop"] == taken == len(rows) > 0
+    # The anchor's refreshes, part of the timer's start: only at the starts where one fell due.
+    assert 1 <= calls["start_anchor"] < calls["phase_start"]
 
 
 def test_drain_stretch_switches_set_the_drains_budget_and_chunk(shim, monkeypatch, tmp_path):

@@ -26,7 +26,6 @@ static PyObject *s__capturing, *s__stream_key, *s__raw_stream, *s__streams, *s__
 static PyObject *s_is_verify;
 static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__returned, *s__offset,
     *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
-static PyObject *int_zero;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
     *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_last_end,
@@ -1539,6 +1538,49 @@ fast_clear(CudaFastObject *f)
     return 0;
 }
 
+/* The kept values' current ones in the timer's dict (``due``, ``chain_t`` and new references in
+   ``kept``, None where absent), taken out of it: CudaTimer reads them in its C half from now on.
+   -1 on error, with nothing held. */
+static int
+kept_take(PyObject *state, long long *due, long long *chain_t, PyObject **kept)
+{
+    *due = *chain_t = 0;
+    for (int i = 0; i < KEPT_N; i++)
+        kept[i] = Py_None;
+    PyObject *v = PyDict_GetItemWithError(state, s_anchor_due);
+    if ((v != NULL && as_ll(v, due) < 0) || PyErr_Occurred())
+        return -1;
+    if ((v = PyDict_GetItemWithError(state, s__chain)) != NULL) {
+        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2 || as_ll(PyTuple_GET_ITEM(v, 1), chain_t) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's _chain is not (end, t)");
+            return -1;
+        }
+        kept[KEPT_CHAIN_END] = PyTuple_GET_ITEM(v, 0);
+    }
+    for (int i = 0; i < KEPT_N && !PyErr_Occurred(); i++)
+        if (kept_names[i] != NULL && (v = PyDict_GetItemWithError(state, *kept_names[i])) != NULL)
+            kept[i] = v;
+    if (PyErr_Occurred())
+        return -1;
+    for (int i = 0; i < KEPT_N; i++)
+        Py_INCREF(kept[i]);
+    /* Out of the dict: the kept objects' names, and the two plain values'. */
+    PyObject **names[KEPT_N + 2] = {&s_anchor_due, &s__chain};
+    memcpy(names + 2, kept_names, sizeof(kept_names));
+    for (int i = 0; i < KEPT_N + 2; i++) {
+        if (names[i] == NULL || PyDict_DelItem(state, *names[i]) == 0)
+            continue;
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+            for (int k = 0; k < KEPT_N; k++)
+                Py_DECREF(kept[k]);
+            return -1;
+        }
+        PyErr_Clear();
+    }
+    return 0;
+}
+
 static PyObject *
 fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -1563,53 +1605,14 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             return NULL;
         }
     }
-    /* The kept values' current ones, taken out of the dict (CudaTimer reads them here from now on). */
-    long long due = 0, chain_t = 0;
-    PyObject *kept[KEPT_N] = {NULL};
-    PyObject *v = PyDict_GetItemWithError(state, s_anchor_due);
-    if ((v != NULL && as_ll(v, &due) < 0) || PyErr_Occurred())
+    long long due, chain_t;
+    PyObject *kept[KEPT_N];
+    if (kept_take(state, &due, &chain_t, kept) < 0)
         return NULL;
-    v = PyDict_GetItemWithError(state, s__chain);
-    if (v == NULL && PyErr_Occurred())
-        return NULL;
-    if (v != NULL) {
-        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2 || as_ll(PyTuple_GET_ITEM(v, 1), &chain_t) < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's _chain is not (end, t)");
-            return NULL;
-        }
-        kept[KEPT_CHAIN_END] = PyTuple_GET_ITEM(v, 0);
-    }
-    for (int i = 0; i < KEPT_N; i++) {
-        if (kept_names[i] == NULL)
-            continue;
-        v = PyDict_GetItemWithError(state, *kept_names[i]);
-        if (v == NULL && PyErr_Occurred())
-            return NULL;
-        kept[i] = v;
-    }
-    for (int i = 0; i < KEPT_N; i++)
-        kept[i] = Py_NewRef(kept[i] == NULL ? Py_None : kept[i]);
-    PyObject **drop[] = {&s_anchor_due, &s__chain, &s_last_end, &s__pool, &s__anchors, &s__raw_stream};
-    for (size_t i = 0; i < sizeof(drop) / sizeof(drop[0]); i++) {
-        if (PyDict_DelItem(state, *drop[i]) < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
-                for (int k = 0; k < KEPT_N; k++)
-                    Py_DECREF(kept[k]);
-                return NULL;
-            }
-            PyErr_Clear();
-        }
-    }
     PyObject *handles = PyDict_New();
-    if (handles == NULL) {
-        for (int k = 0; k < KEPT_N; k++)
-            Py_DECREF(kept[k]);
-        return NULL;
-    }
-    CudaFastObject *f = PyObject_GC_New(CudaFastObject, type);
+    CudaFastObject *f = handles == NULL ? NULL : PyObject_GC_New(CudaFastObject, type);
     if (f == NULL) {
-        Py_DECREF(handles);
+        Py_XDECREF(handles);
         for (int k = 0; k < KEPT_N; k++)
             Py_DECREF(kept[k]);
         return NULL;
@@ -3691,7 +3694,7 @@ PyInit__hot(void)
     INTERN(s_accept_length, "accept_length");
     INTERN(s_error, "error");
     INTERN(s_phase, "phase");
-    if ((int_zero = PyLong_FromLong(0)) == NULL || (int_one = PyLong_FromLong(1)) == NULL || (int_minus_one = PyLong_FromLong(-1)) == NULL)
+    if ((int_one = PyLong_FromLong(1)) == NULL || (int_minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;
     PyObject *time_mod = PyImport_ImportModule("time");
     if (time_mod == NULL)

@@ -28,7 +28,7 @@ static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__re
     *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
-    *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_last_end,
+    *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_anchor_busy, *s_last_end,
     *s_refresh_anchor, *s_lookup_stream, *s_pop, *s_first_anchor, *s_append;
 static PyObject *s__c, *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
 static PyObject *int_one, *int_minus_one;
@@ -1396,12 +1396,13 @@ static int as_ll(PyObject *v, long long *out);
 typedef struct {
     PyObject_HEAD
     PyObject *timer, *state;
-    /* The timer's attributes read or written on every phase: ``_anchor_due``, ``_last_end``,
+    /* The timer's attributes read or written on every phase: ``_anchor_due``, ``_anchor_busy``, ``_last_end``,
        ``_pool``, ``_anchors``, ``_raw_stream`` by start / stop on the scheduler thread, ``_chain``
        (the last end token the drain mapped, and where) by the drain. Kept here instead of in the
        timer's instance dict, where each look-up costs a few cache-cold lines; CudaTimer's
        attributes of those names read and write these once the timer has its C half (KEPT). */
     long long anchor_due, chain_t;
+    int anchor_busy;
     PyObject *last_end, *chain_end, *pool, *anchors, *raw_stream;
     /* ``runtime``: the phase end's capture check and event record go straight to libcudart, with
        the GIL held. torch's ``Event.record`` releases the GIL around the call (another thread may
@@ -1542,13 +1543,17 @@ fast_clear(CudaFastObject *f)
    ``kept``, None where absent), taken out of it: CudaTimer reads them in its C half from now on.
    -1 on error, with nothing held. */
 static int
-kept_take(PyObject *state, long long *due, long long *chain_t, PyObject **kept)
+kept_take(PyObject *state, long long *due, int *busy, long long *chain_t, PyObject **kept)
 {
     *due = *chain_t = 0;
+    *busy = 0;
     for (int i = 0; i < KEPT_N; i++)
         kept[i] = Py_None;
     PyObject *v = PyDict_GetItemWithError(state, s_anchor_due);
     if ((v != NULL && as_ll(v, due) < 0) || PyErr_Occurred())
+        return -1;
+    v = PyDict_GetItemWithError(state, s_anchor_busy);
+    if ((v != NULL && (*busy = PyObject_IsTrue(v)) < 0) || PyErr_Occurred())
         return -1;
     if ((v = PyDict_GetItemWithError(state, s__chain)) != NULL) {
         if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2 || as_ll(PyTuple_GET_ITEM(v, 1), chain_t) < 0) {
@@ -1565,10 +1570,10 @@ kept_take(PyObject *state, long long *due, long long *chain_t, PyObject **kept)
         return -1;
     for (int i = 0; i < KEPT_N; i++)
         Py_INCREF(kept[i]);
-    /* Out of the dict: the kept objects' names, and the two plain values'. */
-    PyObject **names[KEPT_N + 2] = {&s_anchor_due, &s__chain};
-    memcpy(names + 2, kept_names, sizeof(kept_names));
-    for (int i = 0; i < KEPT_N + 2; i++) {
+    /* Out of the dict: the kept objects' names, and the three plain values'. */
+    PyObject **names[KEPT_N + 3] = {&s_anchor_due, &s_anchor_busy, &s__chain};
+    memcpy(names + 3, kept_names, sizeof(kept_names));
+    for (int i = 0; i < KEPT_N + 3; i++) {
         if (names[i] == NULL || PyDict_DelItem(state, *names[i]) == 0)
             continue;
         if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
@@ -1606,8 +1611,9 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         }
     }
     long long due, chain_t;
+    int busy;
     PyObject *kept[KEPT_N];
-    if (kept_take(state, &due, &chain_t, kept) < 0)
+    if (kept_take(state, &due, &busy, &chain_t, kept) < 0)
         return NULL;
     PyObject *handles = PyDict_New();
     CudaFastObject *f = handles == NULL ? NULL : PyObject_GC_New(CudaFastObject, type);
@@ -1618,6 +1624,7 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     f->anchor_due = due;
+    f->anchor_busy = busy;
     f->chain_t = chain_t;
     for (int k = 0; k < KEPT_N; k++)
         *KEPT_AT(f, k) = kept[k];
@@ -1669,16 +1676,17 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     long long now_v;
     if (as_ll(now, &now_v) < 0)
         return NULL;
-    int busy = 0;
     if (now_v >= f->anchor_due) {
+        /* Every 100 ms, or every _ANCHOR_RETRY_NS while the stream is busy: it sets anchor_due and
+           anchor_busy (through the timer's kept attributes). */
         SECTION_T0(sec);
         PyObject *r = PyObject_CallMethodOneArg(f->timer, s_refresh_anchor, now);
-        SECTION_ADD(start_anchor, sec); /* part of phase_start, every 100 ms: the anchor's refresh */
+        SECTION_ADD(start_anchor, sec); /* part of phase_start: the anchor's refresh */
         if (r == NULL)
             return NULL;
-        busy = r == Py_False;
         Py_DECREF(r);
     }
+    int busy = f->anchor_busy;
     PyObject *last = f->last_end;
     /* Untracked (see is_atom): a token holds the clock, the previous end token, torch's event and
        stream objects and an anchor, none of which can lead back to a token. */
@@ -2632,6 +2640,25 @@ fast_anchor_due_set(CudaFastObject *f, PyObject *v, void *closure)
 
 /* A kept object (closure: its KEPT index). */
 static PyObject *
+fast_anchor_busy_get(CudaFastObject *f, void *closure)
+{
+    return PyBool_FromLong(f->anchor_busy);
+}
+
+static int
+fast_anchor_busy_set(CudaFastObject *f, PyObject *v, void *closure)
+{
+    int busy = v == NULL ? -1 : PyObject_IsTrue(v);
+    if (busy < 0) {
+        if (v == NULL)
+            PyErr_SetString(PyExc_AttributeError, "anchor_busy cannot be deleted");
+        return -1;
+    }
+    f->anchor_busy = busy;
+    return 0;
+}
+
+static PyObject *
 fast_kept_get(CudaFastObject *f, void *closure)
 {
     return Py_NewRef(*KEPT_AT(f, (int)(intptr_t)closure));
@@ -2676,6 +2703,7 @@ fast_chain_set(CudaFastObject *f, PyObject *v, void *closure)
 
 static PyGetSetDef fast_getset[] = {
     {"anchor_due", (getter)fast_anchor_due_get, (setter)fast_anchor_due_set, "CudaTimer._anchor_due", NULL},
+    {"anchor_busy", (getter)fast_anchor_busy_get, (setter)fast_anchor_busy_set, "CudaTimer._anchor_busy", NULL},
     {"last_end", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._last_end", (void *)KEPT_LAST_END},
     {"pool", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._pool", (void *)KEPT_POOL},
     {"anchors", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._anchors", (void *)KEPT_ANCHORS},
@@ -3683,6 +3711,7 @@ PyInit__hot(void)
     INTERN(s_can_run_cuda_graph, "can_run_cuda_graph");
     INTERN(s_verify, "verify");
     INTERN(s_anchor_due, "_anchor_due");
+    INTERN(s_anchor_busy, "_anchor_busy");
     INTERN(s_last_end, "_last_end");
     INTERN(s_refresh_anchor, "_refresh_anchor");
     INTERN(s_lookup_stream, "_lookup_stream");

@@ -225,6 +225,12 @@ class CudaTimer:
     # Host and GPU clocks drift apart by up to ~10 ppm on the H200 hosts measured (gpu_clock.py):
     # 100 ms between anchors keeps that under 1 µs, for one extra event per 100 ms.
     _ANCHOR_EVERY_NS = 100_000_000
+    # A due anchor whose stream was busy is asked for again this much later, not at every start:
+    # on a server whose GPU runs ahead (the overlap scheduler, a GPU-bound model) nearly every
+    # start finds the stream busy, and each ask costs the scheduler thread a Python call, a stream
+    # look-up and a driver query. The anchor is at most this much older for it (20 ppm of 10 ms
+    # is 0.2 µs of drift); the starts in between are marked as seen busy.
+    _ANCHOR_RETRY_NS = 10_000_000
     _POOL_MAX = 4096
     _STREAMS_MAX = 256
 
@@ -257,6 +263,8 @@ class CudaTimer:
         # A start at or after this host time tries to take a fresh anchor (0: as soon as the stream
         # is idle; the drain thread sets it so when it distrusts an anchor).
         self._anchor_due = 0
+        # The last ask found the stream busy (until _anchor_due, when it is asked again).
+        self._anchor_busy = False
         self._prepared = threading.local()
         self.start_events = False  # benchmarks switch it on (record_starts) to measure what it saves
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
@@ -346,8 +354,10 @@ class CudaTimer:
         return pool.pop() if pool else self._new()
 
     def start(self, now_ns: int) -> Any:
-        if now_ns >= self._anchor_due and self._refresh_anchor(now_ns) is False:
-            # The stream is busy and the anchor is due: the drain must not decide by an anchor
+        if now_ns >= self._anchor_due:
+            self._refresh_anchor(now_ns)
+        if self._anchor_busy:
+            # The stream was busy and the anchor is due: the drain must not decide by an anchor
             # that may have drifted (a GPU-bound server can go minutes without an idle stream).
             # What the query saw decides instead: the GPU is behind, so the previous end starts.
             return (now_ns, self._last_end, None)
@@ -357,17 +367,22 @@ class CudaTimer:
         """An anchor is an event recorded on an idle stream, so the GPU reaches it one launch
         latency after the host clock taken with it (a stream of its own would not do: with few
         hardware queues, e.g. ``CUDA_DEVICE_MAX_CONNECTIONS=1``, its record waits behind the busy
-        stream's work). True: a fresh anchor; False: the stream is busy, tried again at the next
-        start; None: a graph is being captured (a record would break the capture)."""
+        stream's work). True: a fresh anchor; False: the stream is busy, asked again at the first
+        start :attr:`_ANCHOR_RETRY_NS` later; None: a graph is being captured (a record would
+        break the capture), asked again at the next start."""
         if self._capturing():
+            self._anchor_busy = False
             return None
         stream, device = self._stream_now()
         if not self._stream_query(stream):
+            self._anchor_busy = True
+            self._anchor_due = now_ns + self._ANCHOR_RETRY_NS
             return False
         ev = self._new()
         self._record(ev, stream)
         self._anchors[device] = (ev, now_ns)
         self._anchor_due = now_ns + self._ANCHOR_EVERY_NS
+        self._anchor_busy = False
         return True
 
     def record_starts(self) -> None:
@@ -642,6 +657,7 @@ class _CudaTimerKept(CudaTimer):
     reads or writes on every phase live in it (see :class:`_Kept`)."""
 
     _anchor_due = _Kept()
+    _anchor_busy = _Kept()
     _last_end = _Kept()
     _chain = _Kept()
     _pool = _Kept()

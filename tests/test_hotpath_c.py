@@ -1077,18 +1077,23 @@ def test_the_recorders_per_step_attributes_are_slots_and_any_other_kind_is_read_
 
 
 def test_the_timers_per_phase_values_live_in_its_c_half_and_read_the_same_from_python(hot, monkeypatch):
-    """``_anchor_due``, ``_last_end``, ``_chain``, ``_pool``, ``_anchors`` and ``_raw_stream`` move
-    into the C half when the timer gets one (no stale copies left in the instance dict); a write
+    """``_anchor_due``, ``_anchor_busy``, ``_last_end``, ``_chain``, ``_pool``, ``_anchors`` and
+    ``_raw_stream`` move into the C half when the timer gets one (no stale copies left in the instance dict); a write
     from Python is what the C start, stop and drain use next, and what they write is what Python
     reads. A timer without a C half keeps them as plain attributes."""
     ft, rt, timer = _runtime_timer(hot, monkeypatch)
-    assert not {"_anchor_due", "_last_end", "_chain", "_pool", "_anchors", "_raw_stream"} & set(vars(timer))
-    assert (timer._anchor_due, timer._last_end, timer._chain) == (0, None, (None, 0))
+    assert not {"_anchor_due", "_anchor_busy", "_last_end", "_chain", "_pool", "_anchors", "_raw_stream"} \
+        & set(vars(timer))
+    assert (timer._anchor_due, timer._anchor_busy, timer._last_end, timer._chain) == (0, False, None, (None, 0))
     t = 10**12
     end = timer.stop(timer.start(t), t + 5)  # the first start takes an anchor
     assert timer._last_end is end and timer._anchor_due == t + CudaTimer._ANCHOR_EVERY_NS
     timer._last_end = marker = ("marker",)
     assert timer.start(t + 10)[1] is marker
+    timer._anchor_busy = True  # what the C start marks its tokens by (the anchor not due: not asked)
+    assert timer.start(t + 11) == (t + 11, marker, None) and timer._c.anchor_busy is True
+    timer._anchor_busy = False
+    assert timer.start(t + 12) == (t + 12, marker)
     timer._anchor_due = t + 20  # due: the next start past it takes a fresh anchor (one more record)
     n = len(ft.records)
     timer.start(t + 19)

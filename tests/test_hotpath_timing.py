@@ -157,11 +157,44 @@ def test_anchors_come_from_an_idle_stream_and_are_refreshed_when_due():
     _phase(ft, timer, 7.0, 8.0)
     assert len(asked) == 2  # fresh: nobody asks
     due = CudaTimer._ANCHOR_EVERY_NS / 1e6
-    _phase(ft, timer, 7.5 + due, 9.0 + due)  # due, but the GPU is busy (8 ms > 7.5): asked, kept
-    assert len(asked) == 3 and timer._anchors[0] is e2[3]
+    busy, _ = _phase(ft, timer, 7.5 + due, 9.0 + due)  # due, but the GPU is busy (8 ms > 7.5): asked, kept
+    assert len(asked) == 3 and timer._anchors[0] is e2[3] and busy[2:] == (None,)
     ft.gpu_ms = ft.queued_ms
-    _phase(ft, timer, 10.0 + due, 11.0 + due)  # due and idle: replaced
-    assert len(asked) == 4 and timer._anchors[0][1] == host(10.0 + due)
+    retry = CudaTimer._ANCHOR_RETRY_NS / 1e6
+    # Idle now, but within the retry window of the busy answer: not asked, still marked as seen busy.
+    t, _ = _phase(ft, timer, 7.5 + due + retry - 0.5, 7.6 + due + retry)
+    assert len(asked) == 3 and timer._anchors[0] is e2[3] and t[2:] == (None,)
+    ft.gpu_ms = ft.queued_ms
+    t, _ = _phase(ft, timer, 7.5 + due + retry, 7.9 + due + retry)  # the window over: asked, idle, replaced
+    assert len(asked) == 4 and timer._anchors[0][1] == host(7.5 + due + retry) and len(t) == 2
+
+
+def test_a_busy_stream_is_asked_once_per_retry_window_not_at_every_start():
+    """A GPU that runs ahead of the host (the overlap scheduler, a GPU-bound model) keeps the stream
+    busy at nearly every start: once the anchor is due, the stream is asked again only
+    _ANCHOR_RETRY_NS after a busy answer, every start in between marked as seen busy; the drain's
+    distrust (``_anchor_due = 0``) still has the very next start ask."""
+    ft, timer = _timer()
+    _phase(ft, timer, 0.0, 0.0)  # the anchor, at 0
+    ft.gpu_ms = 0.0
+    calls = _driver_calls(ft, timer)
+    due = CudaTimer._ANCHOR_EVERY_NS / 1e6
+    retry = CudaTimer._ANCHOR_RETRY_NS / 1e6
+    toks = []
+    ft.queued_ms = due
+    for i in range(400):  # 0.25 ms apart for 100 ms, the GPU always 1 ms behind
+        at = due + 0.25 * i
+        ft.gpu_ms = at - 1.0
+        toks.append(_phase(ft, timer, at, at + 0.2)[0])
+    assert calls["_stream_query"] == 100 / retry  # once per window, not 400 times
+    assert calls["_capturing"] == 400 + 100 / retry  # each stop, and each ask
+    assert all(t[2:] == (None,) for t in toks) and timer._anchors[0][1] == host(0.0)
+    assert timer._anchor_busy and timer._anchor_due == host(due + 0.25 * 399 - retry + 0.25) + CudaTimer._ANCHOR_RETRY_NS
+    timer._anchor_due = 0  # the drain distrusts the anchor: asked at the next start
+    ft.gpu_ms = ft.queued_ms
+    t, _ = _phase(ft, timer, due + 100.1, due + 100.2)
+    assert calls["_stream_query"] == 100 / retry + 1 and len(t) == 2 and timer._anchors[0][1] == host(due + 100.1)
+    assert not timer._anchor_busy and timer._anchor_due == host(due + 100.1) + CudaTimer._ANCHOR_EVERY_NS
 
 
 def test_an_anchor_that_maps_ends_before_their_record_is_replaced():

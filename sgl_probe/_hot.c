@@ -28,7 +28,7 @@ static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__re
     *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
-    *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_anchor_busy, *s_last_end,
+    *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_anchor_busy, *s__fresh, *s__ANCHOR_EVERY_NS, *s__ANCHOR_RETRY_NS, *s_last_end,
     *s_refresh_anchor, *s_lookup_stream, *s_pop, *s_first_anchor, *s_append;
 static PyObject *s__c, *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
 static PyObject *int_one, *int_minus_one;
@@ -1390,6 +1390,8 @@ HOOK_TYPE(MarkHookType, "MarkHook", "Recorder.graph_method / launch_method's wra
 typedef int (*event_record_fn)(void *event, void *stream);
 typedef int (*stream_is_capturing_fn)(void *stream, int *status);
 typedef int (*get_last_error_fn)(void);
+typedef int (*stream_query_fn)(void *stream);
+#define CUDA_ERROR_NOT_READY 600 /* cudaErrorNotReady: the stream still has work queued */
 
 static int as_ll(PyObject *v, long long *out);
 
@@ -1411,6 +1413,10 @@ typedef struct {
     event_record_fn event_record;
     stream_is_capturing_fn is_capturing;
     get_last_error_fn get_last_error;
+    /* The anchor's refresh through the runtime as well (refresh_anchor_runtime): the stream's query,
+       and the timer's _ANCHOR_EVERY_NS / _ANCHOR_RETRY_NS as they were when this was made. */
+    stream_query_fn stream_query;
+    long long anchor_every, anchor_retry;
     PyObject *on_fail; /* called once with a message when a runtime call failed (then torch's) */
     /* The runtime path's stream look-up: torch's raw handle of the current stream (an int) ->
        (torch's key for it, the probe's Stream), filled by the full look-up (current_stream). */
@@ -1593,23 +1599,34 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *timer, *state, *runtime = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|O:CudaFast", kw, &timer, &PyDict_Type, &state, &runtime))
         return NULL;
-    void *record = NULL, *capturing = NULL, *last_error = NULL;
+    void *record = NULL, *capturing = NULL, *last_error = NULL, *query = NULL;
     PyObject *on_fail = NULL;
     if (runtime != Py_None) {
-        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError addresses, on_fail) */
-        PyObject *a, *b, *c;
-        if (!PyArg_ParseTuple(runtime, "OOOO:runtime", &a, &b, &c, &on_fail))
+        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError, cudaStreamQuery addresses, on_fail) */
+        PyObject *a, *b, *c, *d;
+        if (!PyArg_ParseTuple(runtime, "OOOOO:runtime", &a, &b, &c, &d, &on_fail))
             return NULL;
         record = PyLong_AsVoidPtr(a);
         capturing = PyLong_AsVoidPtr(b);
         last_error = PyLong_AsVoidPtr(c);
+        query = PyLong_AsVoidPtr(d);
         if (PyErr_Occurred())
             return NULL;
-        if (record == NULL || capturing == NULL || last_error == NULL || !PyCallable_Check(on_fail)) {
-            PyErr_SetString(PyExc_ValueError, "runtime: three function addresses and a callable");
+        if (record == NULL || capturing == NULL || last_error == NULL || query == NULL || !PyCallable_Check(on_fail)) {
+            PyErr_SetString(PyExc_ValueError, "runtime: four function addresses and a callable");
             return NULL;
         }
     }
+    long long every = 0, retry = 0;
+    PyObject *v = PyObject_GetAttr(timer, s__ANCHOR_EVERY_NS);
+    int bad = v == NULL || as_ll(v, &every) < 0;
+    Py_XDECREF(v);
+    if (bad || (v = PyObject_GetAttr(timer, s__ANCHOR_RETRY_NS)) == NULL)
+        return NULL;
+    bad = as_ll(v, &retry) < 0;
+    Py_DECREF(v);
+    if (bad)
+        return NULL;
     long long due, chain_t;
     int busy;
     PyObject *kept[KEPT_N];
@@ -1638,6 +1655,9 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->event_record = (event_record_fn)record;
     f->is_capturing = (stream_is_capturing_fn)capturing;
     f->get_last_error = (get_last_error_fn)last_error;
+    f->stream_query = (stream_query_fn)query;
+    f->anchor_every = every;
+    f->anchor_retry = retry;
     f->on_fail = Py_XNewRef(on_fail);
     PyObject_GC_Track(f);
     return (PyObject *)f;
@@ -1664,6 +1684,8 @@ state_need(CudaFastObject *f, PyObject *name)
     return v;
 }
 
+static int refresh_anchor_runtime(CudaFastObject *f, long long now_v, PyObject *now);
+
 /* CudaTimer.start */
 static PyObject *
 fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
@@ -1678,13 +1700,18 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (now_v >= f->anchor_due) {
         /* Every 100 ms, or every _ANCHOR_RETRY_NS while the stream is busy: it sets anchor_due and
-           anchor_busy (through the timer's kept attributes). */
+           anchor_busy (Python's through the timer's kept attributes). */
         SECTION_T0(sec);
-        PyObject *r = PyObject_CallMethodOneArg(f->timer, s_refresh_anchor, now);
+        int done = refresh_anchor_runtime(f, now_v, now);
+        if (done == 0) {
+            PyObject *r = PyObject_CallMethodOneArg(f->timer, s_refresh_anchor, now);
+            if (r == NULL)
+                return NULL;
+            Py_DECREF(r);
+        }
         SECTION_ADD(start_anchor, sec); /* part of phase_start: the anchor's refresh */
-        if (r == NULL)
+        if (done < 0)
             return NULL;
-        Py_DECREF(r);
     }
     int busy = f->anchor_busy;
     PyObject *last = f->last_end;
@@ -1706,6 +1733,7 @@ runtime_failed(CudaFastObject *f, const char *what, int err)
     f->event_record = NULL;
     f->is_capturing = NULL;
     f->get_last_error = NULL;
+    f->stream_query = NULL;
     PyObject *r = PyObject_CallFunction(f->on_fail, "s", what);
     (void)err;
     if (r == NULL)
@@ -1872,6 +1900,80 @@ pop_event(CudaFastObject *f)
         return NULL;
     }
     return ev;
+}
+
+/* CudaTimer._refresh_anchor through the runtime, the GIL held throughout: torch's record releases
+   it (the drain thread takes it, and the scheduler thread waits to get it back: ~40 µs a refresh
+   measured, h100-3) and a new torch event is created at its first record. The event comes from the
+   timer's ``_fresh`` stock for this device (events the drain thread created and recorded once,
+   CudaTimer.replenish; never reused after, as the pending end tokens map through it). 1 done
+   (refreshed, found busy or a capture running), 0 not here (no runtime calls, no stocked event, an
+   answer other than idle or busy: Python's refresh decides, through torch), -1 error. */
+static int
+refresh_anchor_runtime(CudaFastObject *f, long long now_v, PyObject *now)
+{
+    if (f->event_record == NULL || f->stream_query == NULL)
+        return 0;
+    PyObject *fresh = PyDict_GetItemWithError(f->state, s__fresh);
+    if (fresh == NULL || !PyDict_Check(fresh) || PyDict_GET_SIZE(fresh) == 0) /* none stocked yet */
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *key = NULL, *stream = NULL, *ev = NULL, *anchor = NULL;
+    void *sh = NULL, *eh = NULL;
+    int rc = 0;
+    if (current_stream_runtime(f, &key, &stream, &sh) < 0)
+        return -1;
+    PyObject *device = PyTuple_GET_ITEM(key, 1);
+    PyObject *stock = PyDict_GetItemWithError(fresh, device);
+    if (stock == NULL || !PyList_CheckExact(stock) || PyList_GET_SIZE(stock) == 0) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    int status = 0;
+    if (f->is_capturing(sh, &status) != 0) /* Python's refresh asks torch; the stop reports it */
+        goto done;
+    if (status) {
+        f->anchor_busy = 0;
+        rc = 1;
+        goto done;
+    }
+    int q = f->stream_query(sh);
+    if (q == CUDA_ERROR_NOT_READY) {
+        f->anchor_busy = 1;
+        f->anchor_due = now_v + f->anchor_retry;
+        rc = 1;
+        goto done;
+    }
+    if (q != 0) /* an error of earlier work: torch's query raises it as without the probe's C */
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(stock);
+    ev = Py_NewRef(PyList_GET_ITEM(stock, n - 1));
+    if (handle_of(ev, s_cuda_event, &eh) < 0) { /* not kept in the pool's table: never reused */
+        rc = -1;
+        goto done;
+    }
+    if (eh == NULL) /* never recorded after all: Python's refresh records a new one through torch */
+        goto done;
+    int err = f->event_record(eh, sh);
+    if (err != 0) {
+        rc = runtime_failed(f, "cudaEventRecord", err) < 0 ? -1 : 0;
+        goto done;
+    }
+    if (PyList_SetSlice(stock, n - 1, n, NULL) < 0 || (anchor = PyTuple_Pack(2, ev, now)) == NULL ||
+        !PyDict_Check(f->anchors) || PyDict_SetItem(f->anchors, device, anchor) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: the CUDA timer's anchors are not a dict");
+        rc = -1;
+        goto done;
+    }
+    f->anchor_due = now_v + f->anchor_every;
+    f->anchor_busy = 0;
+    rc = 1;
+done:
+    Py_XDECREF(anchor);
+    Py_XDECREF(ev);
+    Py_XDECREF(stream);
+    Py_XDECREF(key);
+    return rc;
 }
 
 /* CudaTimer.stop: the capture check, the current stream, an event from the pool recorded on it,
@@ -3712,6 +3814,9 @@ PyInit__hot(void)
     INTERN(s_verify, "verify");
     INTERN(s_anchor_due, "_anchor_due");
     INTERN(s_anchor_busy, "_anchor_busy");
+    INTERN(s__fresh, "_fresh");
+    INTERN(s__ANCHOR_EVERY_NS, "_ANCHOR_EVERY_NS");
+    INTERN(s__ANCHOR_RETRY_NS, "_ANCHOR_RETRY_NS");
     INTERN(s_last_end, "_last_end");
     INTERN(s_refresh_anchor, "_refresh_anchor");
     INTERN(s_lookup_stream, "_lookup_stream");

@@ -207,6 +207,9 @@ class Pipeline:
                 sink.send_steps(kept, kept_slow)
             elif sink is not None:
                 sink.poll()
+            replenish = getattr(timer, "replenish", None)  # the CUDA timer's anchor events, made here
+            if replenish is not None and not final:
+                replenish()
             self._log_summary()
             return done
 

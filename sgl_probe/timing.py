@@ -117,16 +117,16 @@ def _cudart() -> Any:
 
 
 def _runtime_entry_points(on_fail: Any) -> Optional[tuple]:
-    """For the C hot path's phase end: the addresses of the runtime's ``cudaEventRecord``,
-    ``cudaStreamIsCapturing`` and ``cudaGetLastError`` in the libcudart torch loaded, and what to
-    call when one fails; None where they cannot be found."""
+    """For the C hot path's phase end and anchor: the addresses of the runtime's
+    ``cudaEventRecord``, ``cudaStreamIsCapturing``, ``cudaGetLastError`` and ``cudaStreamQuery`` in
+    the libcudart torch loaded, and what to call when one fails; None where they cannot be found."""
     import ctypes
 
     cudart = _cudart()
     if cudart is None:
         return None
     try:
-        names = ("cudaEventRecord", "cudaStreamIsCapturing", "cudaGetLastError")
+        names = ("cudaEventRecord", "cudaStreamIsCapturing", "cudaGetLastError", "cudaStreamQuery")
         return tuple(ctypes.cast(getattr(cudart, n), ctypes.c_void_p).value for n in names) + (on_fail,)
     except AttributeError:
         return None
@@ -232,6 +232,9 @@ class CudaTimer:
     # is 0.2 µs of drift); the starts in between are marked as seen busy.
     _ANCHOR_RETRY_NS = 10_000_000
     _POOL_MAX = 4096
+    #: Anchor events kept ready per device (replenish): ten are taken a second at most, and the
+    #: drain thread tops them up once a second.
+    _FRESH_STOCK = 16
     _STREAMS_MAX = 256
 
     def __init__(self, torch_mod: Any, fast: Any = None) -> None:
@@ -265,6 +268,9 @@ class CudaTimer:
         self._anchor_due = 0
         # The last ask found the stream busy (until _anchor_due, when it is asked again).
         self._anchor_busy = False
+        # device index -> events made and recorded once on the drain thread, for the C hot path's
+        # anchors (replenish); None once replenishing failed.
+        self._fresh: Optional[dict] = {}
         self._prepared = threading.local()
         self.start_events = False  # benchmarks switch it on (record_starts) to measure what it saves
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
@@ -461,6 +467,7 @@ class CudaTimer:
 
                 torch.cuda.set_device(stream.device_index)
                 exchange(ctypes.byref(ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)))
+                state.relaxed = True  # another thread's capture no longer forbids this one's records
                 # The runtime's calls now go to the events' own device.
                 if self.runtime_elapsed:
                     state.elapsed = self.checked_elapsed(cudart)
@@ -468,6 +475,33 @@ class CudaTimer:
                 state.exchange = exchange
         except Exception:
             pass
+
+    def replenish(self) -> None:
+        """Drain side, once a pass: the events the C hot path's anchor refresh takes
+        (``_fresh``), each made and recorded once here on this thread's current stream, so that the
+        scheduler thread's refresh records an existing event with the GIL held (torch creates an
+        event at its first record, and releases the GIL around every record: ~40 µs of the
+        scheduler's time a refresh, h100-3). Only with the C half's runtime calls, and only on a
+        probe thread whose capture mode is thread-local (:meth:`_prepare_thread`): another thread's
+        graph capture then does not forbid the record. A failure stops it, with one log line; the
+        refresh then records through torch as before."""
+        c, fresh, state = self._c, self._fresh, self._prepared
+        if c is None or fresh is None or not c.runtime or not getattr(state, "relaxed", False):
+            return
+        try:
+            for device in list(self._anchors):
+                stock = fresh.setdefault(device, [])
+                need = self._FRESH_STOCK - len(stock)
+                if need > 0:
+                    stream = self._current_stream(device)
+                    for _ in range(need):
+                        ev = self._new()
+                        self._record(ev, stream)
+                        stock.append(ev)
+        except Exception as exc:
+            self._fresh = None
+            log.warning("sgl-probe: making anchor events on the drain thread failed (%r); anchors are "
+                        "recorded through torch from now on", exc)
 
     def _done(self, end: Any) -> bool:
         """Whether the end token's event has completed (see :meth:`_prepare_thread`)."""

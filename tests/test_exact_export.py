@@ -161,3 +161,15 @@ def test_the_drain_hands_the_gil_over_after_its_time_budget_not_per_chunk(monkey
     pipe = _pipeline_with_steps(10 * export.CHUNK)
     assert pipe.drain() == 10 * export.CHUNK and not pipe.recorder.steps
     assert len(slept) == sleeps and all(s == export.YIELD_S for s in slept)
+
+
+def test_each_drain_pass_but_the_final_one_has_the_timer_replenish_once():
+    """The CUDA timer's anchor events are made on the drain thread (CudaTimer.replenish): once a
+    pass, whatever it resolved; not at shutdown's final drain."""
+    pipe = _pipeline_with_steps(3 * 16 + 5)
+    calls: list = []
+    pipe.recorder.timer.replenish = lambda: calls.append(len(pipe.recorder.steps))
+    assert pipe.drain() == 53 and calls == [0]
+    assert pipe.drain() == 0 and calls == [0, 0]
+    pipe.drain(final=True)
+    assert calls == [0, 0]

@@ -274,7 +274,7 @@ class _FakeTorch:
             pass
 
         Cuda.Event, Cuda.Stream = Event, Stream
-        Cuda.current_stream = staticmethod(lambda: Stream(*fake.current))
+        Cuda.current_stream = staticmethod(lambda device=None: Stream(*fake.current))
         Cuda.is_current_stream_capturing = staticmethod(lambda: fake.capturing)
         self.cuda, self._C, self.Event = Cuda, C, Event
 

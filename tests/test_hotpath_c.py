@@ -421,14 +421,15 @@ def test_each_thread_and_each_recorder_keeps_its_own_open_step(hot):
 
 
 class _FakeRuntime:
-    """libcudart's cudaEventRecord / cudaStreamIsCapturing / cudaGetLastError as real C function
-    pointers (ctypes callbacks) over a stand-in torch, for the C timer's direct runtime calls."""
+    """libcudart's cudaEventRecord / cudaStreamIsCapturing / cudaGetLastError / cudaStreamQuery as
+    real C function pointers (ctypes callbacks) over a stand-in torch, for the C timer's direct
+    runtime calls."""
 
-    def __init__(self, ft, fail_record: int = 0, fail_capture: int = 0) -> None:
+    def __init__(self, ft, fail_record: int = 0, fail_capture: int = 0, fail_query: int = 0) -> None:
         import ctypes
 
         self.ft, self.calls, self.cleared = ft, [], 0
-        self.fail_record, self.fail_capture = fail_record, fail_capture
+        self.fail_record, self.fail_capture, self.fail_query = fail_record, fail_capture, fail_query
         ft.cuda.Stream.cuda_stream = property(lambda s: 0x1000 + s.key[0])
 
         def record(ev, stream):
@@ -449,9 +450,16 @@ class _FakeRuntime:
             self.cleared += 1
             return 0
 
+        def query(stream):
+            self.calls.append(("query", stream))
+            if self.fail_query:
+                return self.fail_query
+            return 0 if ft.queued_ms <= ft.gpu_ms else 600  # cudaErrorNotReady
+
         self._fns = (ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(record),
                      ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(capturing),
-                     ctypes.CFUNCTYPE(ctypes.c_int)(last_error))
+                     ctypes.CFUNCTYPE(ctypes.c_int)(last_error),
+                     ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(query))
         self.addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._fns)
 
 
@@ -1121,3 +1129,95 @@ def test_the_timers_per_phase_values_live_in_its_c_half_and_read_the_same_from_p
     assert plain._c is None and vars(plain)["_anchor_due"] == 0 and vars(plain)["_last_end"] is None
     plain._chain = (None, 7)
     assert vars(plain)["_chain"] == (None, 7) == plain._chain
+
+
+def test_the_anchor_is_refreshed_through_the_runtime_from_events_the_drain_thread_made(hot, monkeypatch):
+    """With the runtime's calls, a due anchor is refreshed in C with the GIL held: the stream asked
+    by cudaStreamQuery (busy: asked again _ANCHOR_RETRY_NS later), and an idle one gets an event
+    the drain thread made and recorded once (replenish) recorded through cudaEventRecord, never
+    through torch, whose record releases the GIL and creates a new event. With nothing stocked, a
+    runtime answer other than idle or busy, or on a thread whose capture mode is not relaxed, the
+    Python refresh decides as before."""
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    t = 10**12
+    timer.stop(timer.start(t), t + 5)  # the first anchor: nothing stocked yet, through Python
+    first = timer._anchors[0]
+    torch_records: list = []
+    record = timer._record
+    timer._record = lambda ev, st: torch_records.append(ev) or record(ev, st)
+    timer.replenish()
+    assert timer._fresh == {} and torch_records == []  # this thread's capture mode is not relaxed
+    timer._prepared.relaxed = True  # as _prepare_thread leaves a probe thread
+    timer.replenish()
+    stock = timer._fresh[0]
+    assert len(stock) == CudaTimer._FRESH_STOCK and torch_records == stock and all(ev.t is not None for ev in stock)
+    timer.replenish()  # stocked: nothing made
+    assert len(torch_records) == CudaTimer._FRESH_STOCK
+    torch_records.clear()
+    rt.calls.clear()
+    due = timer._anchor_due
+    ft.queued_ms = ft.gpu_ms + 5.0  # busy
+    tok = timer.start(due)
+    assert tok[2:] == (None,) and [c[0] for c in rt.calls] == ["capturing", "query"]
+    assert timer._anchor_due == due + CudaTimer._ANCHOR_RETRY_NS and timer._anchors[0] is first
+    rt.calls.clear()
+    assert timer.start(due + 1)[2:] == (None,) and rt.calls == []  # within the retry: not asked
+    ft.gpu_ms = ft.queued_ms  # idle
+    ev, at = stock[-1], due + CudaTimer._ANCHOR_RETRY_NS
+    tok = timer.start(at)
+    assert len(tok) == 2 and [c[0] for c in rt.calls] == ["capturing", "query", "record"]
+    assert rt.calls[-1][1] == ev.cuda_event and ft.records[-1][0] is ev and torch_records == []
+    assert timer._anchors[0] == (ev, at) and len(stock) == CudaTimer._FRESH_STOCK - 1
+    assert timer._anchor_due == at + CudaTimer._ANCHOR_EVERY_NS and not timer._anchor_busy
+    end = timer.stop(tok, at + 5)
+    assert end[3] is timer._anchors[0] and end[0] is not ev  # the ends map through it; it is never pooled
+    # A capture running: nothing recorded, not busy, asked again at the next start.
+    ft.capturing = True
+    rt.calls.clear()
+    timer._anchor_due = 0
+    assert len(timer.start(at + 10)) == 2 and [c[0] for c in rt.calls] == ["capturing"] and timer._anchor_due == 0
+    ft.capturing = False
+    # An error of earlier work from the query: torch's query (Python's refresh) decides.
+    rt.fail_query = 700
+    asked: list = []
+    timer._stream_query = lambda st: asked.append(st) or True
+    n = len(stock)
+    timer.start(at + 20)
+    assert len(asked) == 1 and len(torch_records) == 1 and timer._anchors[0][0] is torch_records[0]
+    assert len(stock) == n and rt.cleared == 0 and timer.hot_calls == "cuda_runtime"
+
+
+def test_replenishing_that_fails_stops_with_one_line_and_anchors_go_through_torch(hot, monkeypatch, caplog):
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    t = 10**12
+    timer.stop(timer.start(t), t + 5)
+    timer._prepared.relaxed = True
+
+    def broken():
+        raise RuntimeError("no events today")
+
+    new, timer._new = timer._new, broken
+    with caplog.at_level(logging.INFO, logger="sgl_probe"):
+        timer.replenish()
+        timer.replenish()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("sgl-probe: making anchor events on the drain thread failed (RuntimeError(")
+    assert timer._fresh is None
+    timer._new = new
+    asked: list = []
+    query = timer._stream_query
+    timer._stream_query = lambda st: asked.append(st) or query(st)
+    timer._anchor_due = 0
+    timer.start(t + 10)
+    assert len(asked) == 1  # Python's refresh, through torch
+
+
+def test_without_the_runtime_calls_nothing_is_stocked():
+    from tests.test_gpu_free_parts import _FakeTorch
+
+    timer = CudaTimer(_FakeTorch(), c_module())  # no libcudart on this machine: torch's calls
+    t = 10**12
+    timer.stop(timer.start(t), t + 5)
+    timer._prepared.relaxed = True
+    timer.replenish()
+    assert timer._fresh == {} and timer.hot_calls == "torch"

@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import sys
 import threading
 import time
 from typing import Any, Optional, Tuple
@@ -130,6 +131,19 @@ def _runtime_entry_points(on_fail: Any) -> Optional[tuple]:
         return tuple(ctypes.cast(getattr(cudart, n), ctypes.c_void_p).value for n in names) + (on_fail,)
     except AttributeError:
         return None
+
+
+def _unreferenced(objs: list) -> list:
+    """The objects of ``objs`` that nothing else refers to (CPython's reference counts, against a
+    sentinel's read the same way): for the anchor events, which are free to record again once no
+    end token maps through them."""
+    objs.append(object())  # no other name for it: its count is a free object's
+    try:
+        counts = [sys.getrefcount(ob) for ob in objs]
+    finally:
+        objs.pop()
+    base = counts[-1]
+    return [ob for ob, n in zip(objs, counts) if n <= base]
 
 
 def _exchange_capture_mode(cudart: Any) -> Any:
@@ -271,6 +285,7 @@ class CudaTimer:
         # device index -> events made and recorded once on the drain thread, for the C hot path's
         # anchors (replenish); None once replenishing failed.
         self._fresh: Optional[dict] = {}
+        self._made: dict = {}  # device index -> the events replenish made (stocked, anchors, free)
         self._prepared = threading.local()
         self.start_events = False  # benchmarks switch it on (record_starts) to measure what it saves
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
@@ -478,26 +493,37 @@ class CudaTimer:
 
     def replenish(self) -> None:
         """Drain side, once a pass: the events the C hot path's anchor refresh takes
-        (``_fresh``), each made and recorded once here on this thread's current stream, so that the
-        scheduler thread's refresh records an existing event with the GIL held (torch creates an
-        event at its first record, and releases the GIL around every record: ~40 µs of the
-        scheduler's time a refresh, h100-3). Only with the C half's runtime calls, and only on a
-        probe thread whose capture mode is thread-local (:meth:`_prepare_thread`): another thread's
-        graph capture then does not forbid the record. A failure stops it, with one log line; the
-        refresh then records through torch as before."""
+        (``_fresh``), so that the scheduler thread's refresh records an existing event with the GIL
+        held (torch creates an event at its first record, and releases the GIL around every record:
+        20-30 µs of the scheduler's time a refresh, h100-3, h100-4). An event made here goes back
+        into the stock once nothing refers to it any more (no longer the anchor, and no end token
+        that maps through it is left: :func:`_unreferenced`); only what that does not cover is made,
+        and recorded once on this thread's current stream. Only with the C half's runtime calls,
+        and only on a probe thread whose capture mode is thread-local (:meth:`_prepare_thread`):
+        another thread's graph capture then does not forbid the record. A failure stops it, with one
+        log line; the refresh then records through torch as before."""
         c, fresh, state = self._c, self._fresh, self._prepared
         if c is None or fresh is None or not c.runtime or not getattr(state, "relaxed", False):
             return
         try:
             for device in list(self._anchors):
                 stock = fresh.setdefault(device, [])
+                made = self._made.setdefault(device, [])
                 need = self._FRESH_STOCK - len(stock)
+                if need > 0 and made:
+                    free = _unreferenced(made)
+                    stock.extend(free[:need])
+                    if len(free) > need:  # more than the stock takes (after a backlog): let those go
+                        spare = {id(ev) for ev in free[need:]}
+                        made[:] = [ev for ev in made if id(ev) not in spare]
+                    need -= min(need, len(free))
                 if need > 0:
                     stream = self._current_stream(device)
                     for _ in range(need):
                         ev = self._new()
                         self._record(ev, stream)
                         stock.append(ev)
+                        made.append(ev)
         except Exception as exc:
             self._fresh = None
             log.warning("sgl-probe: making anchor events on the drain thread failed (%r); anchors are "

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import weakref
 
 import pytest
 
@@ -218,7 +219,7 @@ class _FakeTorch:
         self.queued_ms = 0.0  # where newly recorded events land (>= gpu_ms: work still queued)
         self.records = []
         self.current = (3, 0, 1)  # (stream id, device index, device type)
-        self.handles = {}
+        self.handles = weakref.WeakValueDictionary()  # by raw handle; an event nothing else holds dies
         self.torch_elapsed_calls = 0
 
         class Event:

@@ -1221,3 +1221,51 @@ def test_without_the_runtime_calls_nothing_is_stocked():
     timer._prepared.relaxed = True
     timer.replenish()
     assert timer._fresh == {} and timer.hot_calls == "torch"
+
+
+def test_anchor_events_go_back_to_the_stock_once_nothing_maps_through_them(hot, monkeypatch):
+    """An event replenish made is stocked again once it is no longer the anchor and no end token
+    that maps through it is left; an end still waiting for the drain keeps it out (recording it
+    again would move that end). Only what recycling does not cover is made, and free events beyond
+    what the stock takes are let go."""
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    t = 10**12
+    timer.stop(timer.start(t), t + 5)
+    timer._prepared.relaxed = True
+    timer._pool.extend(ft.cuda.Event(enable_timing=True) for _ in range(8))  # the ends' events
+    made: list = []
+    new = timer._new
+    timer._new = lambda: made.append(1) or new()
+    timer.replenish()
+    stock = timer._fresh[0]
+    assert len(made) == CudaTimer._FRESH_STOCK
+
+    def anchored_phase(at):
+        ft.gpu_ms = ft.queued_ms  # idle: the due anchor is refreshed from the stock
+        end = timer.stop(timer.start(at), at + 5)
+        assert end[3] is timer._anchors[0] and end[3][1] == at
+        return end
+
+    def ids(evs):  # by id: a name for an event here would hold it
+        return {id(ev) for ev in evs}
+
+    every = CudaTimer._ANCHOR_EVERY_NS
+    at = timer._anchor_due
+    ends = [anchored_phase(at + i * every) for i in range(3)]
+    taken = [id(e[3][0]) for e in ends]
+    assert len(stock) == CudaTimer._FRESH_STOCK - 3 and not ids(stock) & set(taken)
+    ft.records.clear()  # the stand-in's own log of records holds every event
+    timer.replenish()  # the first two are no longer anchors, but their ends still wait: made anew
+    assert len(made) == CudaTimer._FRESH_STOCK + 3 and not ids(stock) & set(taken)
+    del ends[:2]  # the drain is done with those ends
+    ends.append(anchored_phase(at + 3 * every))
+    ft.records.clear()
+    timer.replenish()
+    assert len(made) == CudaTimer._FRESH_STOCK + 3  # nothing made: one of the two free ones taken back
+    assert len(ids(stock) & set(taken[:2])) == 1 and len(stock) == CudaTimer._FRESH_STOCK
+    assert taken[2] not in ids(stock)  # its end still waits
+    assert len(ids(timer._made[0]) & set(taken[:2])) == 1  # the other free one let go
+    stock.sort(key=lambda ev: id(ev) in taken)  # the recycled one is taken next
+    end = anchored_phase(at + 4 * every)  # it anchors again, recorded through the runtime
+    assert id(end[3][0]) in taken[:2] and len(made) == CudaTimer._FRESH_STOCK + 3
+    assert [c for c in rt.calls if c[0] == "record"][-2][1] == end[3][0].cuda_event

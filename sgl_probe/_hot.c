@@ -1938,6 +1938,8 @@ refresh_anchor_runtime(CudaFastObject *f, long long now_v, PyObject *now)
     }
     int q = f->stream_query(sh);
     if (q == CUDA_ERROR_NOT_READY) {
+        /* Cleared, as torch's Stream.query clears it: the next launch check must not see it. */
+        f->get_last_error();
         f->anchor_busy = 1;
         f->anchor_due = now_v + f->anchor_retry;
         rc = 1;

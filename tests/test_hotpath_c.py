@@ -1157,9 +1157,11 @@ def test_the_anchor_is_refreshed_through_the_runtime_from_events_the_drain_threa
     rt.calls.clear()
     due = timer._anchor_due
     ft.queued_ms = ft.gpu_ms + 5.0  # busy
+    cleared = rt.cleared
     tok = timer.start(due)
     assert tok[2:] == (None,) and [c[0] for c in rt.calls] == ["capturing", "query"]
     assert timer._anchor_due == due + CudaTimer._ANCHOR_RETRY_NS and timer._anchors[0] is first
+    assert rt.cleared == cleared + 1  # "not ready" cleared, as torch's query clears it
     rt.calls.clear()
     assert timer.start(due + 1)[2:] == (None,) and rt.calls == []  # within the retry: not asked
     ft.gpu_ms = ft.queued_ms  # idle
@@ -1184,7 +1186,7 @@ def test_the_anchor_is_refreshed_through_the_runtime_from_events_the_drain_threa
     n = len(stock)
     timer.start(at + 20)
     assert len(asked) == 1 and len(torch_records) == 1 and timer._anchors[0][0] is torch_records[0]
-    assert len(stock) == n and rt.cleared == 0 and timer.hot_calls == "cuda_runtime"
+    assert len(stock) == n and rt.cleared == cleared + 1 and timer.hot_calls == "cuda_runtime"
 
 
 def test_replenishing_that_fails_stops_with_one_line_and_anchors_go_through_torch(hot, monkeypatch, caplog):

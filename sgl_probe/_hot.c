@@ -28,8 +28,9 @@ static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__re
     *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
-    *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_anchor_busy, *s__fresh, *s__ANCHOR_EVERY_NS, *s__ANCHOR_RETRY_NS, *s_last_end,
-    *s_refresh_anchor, *s_lookup_stream, *s_pop, *s_first_anchor, *s_append;
+    *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_anchor_busy, *s_last_end,
+    *s__fresh, *s__ANCHOR_EVERY_NS, *s__ANCHOR_RETRY_NS, *s_refresh_anchor, *s_lookup_stream, *s_pop,
+    *s_first_anchor, *s_append;
 static PyObject *s__c, *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
 static PyObject *int_one, *int_minus_one;
 static PyObject *perf_counter_ns;
@@ -1394,12 +1395,13 @@ typedef int (*stream_query_fn)(void *stream);
 #define CUDA_ERROR_NOT_READY 600 /* cudaErrorNotReady: the stream still has work queued */
 
 static int as_ll(PyObject *v, long long *out);
+static int attr_ll(PyObject *obj, PyObject *name, long long *out);
 
 typedef struct {
     PyObject_HEAD
     PyObject *timer, *state;
-    /* The timer's attributes read or written on every phase: ``_anchor_due``, ``_anchor_busy``, ``_last_end``,
-       ``_pool``, ``_anchors``, ``_raw_stream`` by start / stop on the scheduler thread, ``_chain``
+    /* The timer's attributes read or written on every phase: ``_anchor_due``, ``_anchor_busy``,
+       ``_last_end``, ``_pool``, ``_anchors``, ``_raw_stream`` by start / stop on the scheduler thread, ``_chain``
        (the last end token the drain mapped, and where) by the drain. Kept here instead of in the
        timer's instance dict, where each look-up costs a few cache-cold lines; CudaTimer's
        attributes of those names read and write these once the timer has its C half (KEPT). */
@@ -1617,15 +1619,8 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             return NULL;
         }
     }
-    long long every = 0, retry = 0;
-    PyObject *v = PyObject_GetAttr(timer, s__ANCHOR_EVERY_NS);
-    int bad = v == NULL || as_ll(v, &every) < 0;
-    Py_XDECREF(v);
-    if (bad || (v = PyObject_GetAttr(timer, s__ANCHOR_RETRY_NS)) == NULL)
-        return NULL;
-    bad = as_ll(v, &retry) < 0;
-    Py_DECREF(v);
-    if (bad)
+    long long every, retry;
+    if (attr_ll(timer, s__ANCHOR_EVERY_NS, &every) < 0 || attr_ll(timer, s__ANCHOR_RETRY_NS, &retry) < 0)
         return NULL;
     long long due, chain_t;
     int busy;
@@ -1903,10 +1898,10 @@ pop_event(CudaFastObject *f)
 }
 
 /* CudaTimer._refresh_anchor through the runtime, the GIL held throughout: torch's record releases
-   it (the drain thread takes it, and the scheduler thread waits to get it back: ~40 µs a refresh
-   measured, h100-3) and a new torch event is created at its first record. The event comes from the
-   timer's ``_fresh`` stock for this device (events the drain thread created and recorded once,
-   CudaTimer.replenish; never reused after, as the pending end tokens map through it). 1 done
+   it (the drain thread takes it, and the scheduler thread waits to get it back: 20-30 µs a refresh
+   measured, h100-3 and h100-4) and a new torch event is created at its first record. The event
+   comes from the timer's ``_fresh`` stock for this device (events the drain thread recorded once,
+   CudaTimer.replenish, which stocks one again only once no end token maps through it). 1 done
    (refreshed, found busy or a capture running), 0 not here (no runtime calls, no stocked event, an
    answer other than idle or busy: Python's refresh decides, through torch), -1 error. */
 static int
@@ -2092,6 +2087,16 @@ as_ll(PyObject *v, long long *out)
 {
     *out = PyLong_AsLongLong(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* as_ll(getattr(obj, name)): the timer's class constants. */
+static int
+attr_ll(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    int bad = v == NULL || as_ll(v, out) < 0;
+    Py_XDECREF(v);
+    return bad ? -1 : 0;
 }
 
 /* Python's a // b for b > 0. */
@@ -2449,10 +2454,7 @@ take_ctx(CudaFastObject *f, TakeCtx *c, PyObject *const *args, PyObject *error_t
     PyObject *v = state_need(f, s__offset);
     if (v == NULL || as_ll(v, &c->offset) < 0)
         return -1;
-    v = PyObject_GetAttr(f->timer, s__ANCHOR_TOLERANCE_NS);
-    int bad = v == NULL || as_ll(v, &c->tolerance) < 0;
-    Py_XDECREF(v);
-    return bad ? -1 : 0;
+    return attr_ll(f->timer, s__ANCHOR_TOLERANCE_NS, &c->tolerance);
 }
 
 /* What a take() call held: the reads ahead and the reader that took over. */
@@ -2742,7 +2744,6 @@ fast_anchor_due_set(CudaFastObject *f, PyObject *v, void *closure)
     return 0;
 }
 
-/* A kept object (closure: its KEPT index). */
 static PyObject *
 fast_anchor_busy_get(CudaFastObject *f, void *closure)
 {
@@ -2762,6 +2763,7 @@ fast_anchor_busy_set(CudaFastObject *f, PyObject *v, void *closure)
     return 0;
 }
 
+/* A kept object (closure: its KEPT index). */
 static PyObject *
 fast_kept_get(CudaFastObject *f, void *closure)
 {

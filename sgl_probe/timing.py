@@ -285,6 +285,7 @@ class CudaTimer:
         # anchors (replenish); None once replenishing failed.
         self._fresh: Optional[dict] = {}
         self._made: dict = {}  # device index -> the events replenish made (stocked, anchors, free)
+        self.anchor_events_made = 0  # by replenish, in all (benchmarks read it: reuse keeps it flat)
         self._prepared = threading.local()
         self.start_events = False  # benchmarks switch it on (record_starts) to measure what it saves
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
@@ -523,6 +524,7 @@ class CudaTimer:
                         self._record(ev, stream)
                         stock.append(ev)
                         made.append(ev)
+                        self.anchor_events_made += 1
         except Exception as exc:
             self._fresh = None
             log.warning("sgl-probe: making anchor events on the drain thread failed (%r); anchors are "

@@ -635,11 +635,11 @@ def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
     assert got["received_spans"] == {"sglang:sglang.decode": 9}
     assert "elapsed_source" not in got  # files from before the pause shim reported it
     cores[-1]["gc_at_flip"] = {"t": 1.0, "count": [0, 0, 0], "seconds": [0.0] * 3, "elapsed_source": "cuda_runtime",
-                               "probe_file": "/tmp/probe_ref/sgl_probe/__init__.py"}
+                               "probe_file": "/tmp/probe_ref/sgl_probe/__init__.py", "anchor_events": 19}
     (tmp_path / "gpu_sglang_r32_overhead_cross.json").write_text(
         json.dumps({"tokens": 1024, "export": "probe", "cores_busy": cores, "verdict": verdict}))
     got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]["r32"]
-    assert got["elapsed_source"] == {"cross_0": "cuda_runtime"}
+    assert got["elapsed_source"] == {"cross_0": "cuda_runtime"} and got["anchor_events"] == {"cross_0": 19}
     assert got["probe_file"] == {"cross_0": "/tmp/probe_ref/sgl_probe/__init__.py"}
     assert "first_pair_ratio" not in got
     (tmp_path / "gpu_sglang_r32_overhead_cross.json").write_text(json.dumps(

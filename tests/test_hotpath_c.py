@@ -1269,5 +1269,5 @@ def test_anchor_events_go_back_to_the_stock_once_nothing_maps_through_them(hot, 
     assert len(ids(timer._made[0]) & set(taken[:2])) == 1  # the other free one let go
     stock.sort(key=lambda ev: id(ev) in taken)  # the recycled one is taken next
     end = anchored_phase(at + 4 * every)  # it anchors again, recorded through the runtime
-    assert id(end[3][0]) in taken[:2] and len(made) == CudaTimer._FRESH_STOCK + 3
+    assert id(end[3][0]) in taken[:2] and len(made) == CudaTimer._FRESH_STOCK + 3 == timer.anchor_events_made
     assert [c for c in rt.calls if c[0] == "record"][-2][1] == end[3][0].cuda_event

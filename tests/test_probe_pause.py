@@ -66,10 +66,11 @@ def test_each_flip_reports_the_garbage_collections_so_far(shim, monkeypatch, tmp
     assert second["elapsed_source"] is None  # no probe here
     step = Hook(Target("step", (), "m", "S.run_batch", "step"))
     monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]),
-                                               recorder=NS(timer=NS(elapsed_source="cuda_runtime"))))
+                                               recorder=NS(timer=NS(elapsed_source="cuda_runtime",
+                                                                    anchor_events_made=7))))
     shim._flip(signal.SIGUSR2, None)
     got = control.gc_stats(tmp_path, os.getpid())
-    assert got["elapsed_source"] == "cuda_runtime"
+    assert got["elapsed_source"] == "cuda_runtime" and got["anchor_events"] == 7
     assert got["probe_file"] == sys.modules["sgl_probe"].__file__  # which probe this process runs
 
 

@@ -241,8 +241,9 @@ class CudaTimer:
     _ANCHOR_EVERY_NS = 100_000_000
     # A due anchor whose stream was busy is asked for again this much later, not at every start:
     # where the GPU runs ahead of the host (a GPU-bound model) nearly every start can find the
-    # stream busy, and each ask costs the scheduler thread a stream look-up and a driver query. The anchor is at most this much older for it (20 ppm of 10 ms
-    # is 0.2 µs of drift); the starts in between are marked as seen busy.
+    # stream busy, and each ask costs the scheduler thread a stream look-up and a driver query.
+    # The anchor is at most this much older for it (20 ppm of 10 ms is 0.2 µs of drift); the
+    # starts in between are marked as seen busy.
     _ANCHOR_RETRY_NS = 10_000_000
     _POOL_MAX = 4096
     #: Anchor events kept ready per device (replenish): ten are taken a second at most, and the

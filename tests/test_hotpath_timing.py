@@ -189,7 +189,8 @@ def test_a_busy_stream_is_asked_once_per_retry_window_not_at_every_start():
     assert calls["_stream_query"] == 100 / retry  # once per window, not 400 times
     assert calls["_capturing"] == 400 + 100 / retry  # each stop, and each ask
     assert all(t[2:] == (None,) for t in toks) and timer._anchors[0][1] == host(0.0)
-    assert timer._anchor_busy and timer._anchor_due == host(due + 0.25 * 399 - retry + 0.25) + CudaTimer._ANCHOR_RETRY_NS
+    last_ask = host(due + 100 - retry)  # asked at 0, 10, ... 90 ms into the loop
+    assert timer._anchor_busy and timer._anchor_due == last_ask + CudaTimer._ANCHOR_RETRY_NS
     timer._anchor_due = 0  # the drain distrusts the anchor: asked at the next start
     ft.gpu_ms = ft.queued_ms
     t, _ = _phase(ft, timer, due + 100.1, due + 100.2)

@@ -40,7 +40,8 @@ static PyObject *perf_counter_ns;
    there, which no timing layer around them can split; and the drain thread's C parts (``drain_*``:
    the ready checks, the reads ahead: collecting them with the GIL, reading without it, getting
    the GIL back; then per step its pop, its row, its events' release; the summary). ``start_anchor``
-   is the part of ``phase_start`` that refreshes the CUDA timer's anchor (in Python, every 100 ms).
+   is the part of ``phase_start`` that refreshes the CUDA timer's anchor (refresh_anchor_runtime, or
+   Python's where that does not apply).
    A normal build compiles none of it. */
 #ifdef SGL_PROBE_SECTION_TIMES
 #define SECTIONS(X)                                                                                            \
@@ -1944,7 +1945,7 @@ refresh_anchor_runtime(CudaFastObject *f, long long now_v, PyObject *now)
         goto done;
     Py_ssize_t n = PyList_GET_SIZE(stock);
     ev = Py_NewRef(PyList_GET_ITEM(stock, n - 1));
-    if (handle_of(ev, s_cuda_event, &eh) < 0) { /* not kept in the pool's table: never reused */
+    if (handle_of(ev, s_cuda_event, &eh) < 0) { /* not in the pool's table: an anchor, not a pool event */
         rc = -1;
         goto done;
     }

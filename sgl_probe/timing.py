@@ -385,27 +385,27 @@ class CudaTimer:
             return (now_ns, self._last_end, None)
         return (now_ns, self._last_end)
 
-    def _refresh_anchor(self, now_ns: int) -> Optional[bool]:
+    def _refresh_anchor(self, now_ns: int) -> None:
         """An anchor is an event recorded on an idle stream, so the GPU reaches it one launch
         latency after the host clock taken with it (a stream of its own would not do: with few
         hardware queues, e.g. ``CUDA_DEVICE_MAX_CONNECTIONS=1``, its record waits behind the busy
-        stream's work). True: a fresh anchor; False: the stream is busy, asked again at the first
-        start :attr:`_ANCHOR_RETRY_NS` later; None: a graph is being captured (a record would
-        break the capture), asked again at the next start."""
+        stream's work). Its outcome is in ``_anchor_busy`` and ``_anchor_due``: a fresh anchor is
+        due again in :attr:`_ANCHOR_EVERY_NS`; a busy stream is marked and asked again
+        :attr:`_ANCHOR_RETRY_NS` later; while a graph is being captured (a record would break the
+        capture) nothing changes but the mark, and the next start asks again."""
         if self._capturing():
             self._anchor_busy = False
-            return None
+            return
         stream, device = self._stream_now()
         if not self._stream_query(stream):
             self._anchor_busy = True
             self._anchor_due = now_ns + self._ANCHOR_RETRY_NS
-            return False
+            return
         ev = self._new()
         self._record(ev, stream)
         self._anchors[device] = (ev, now_ns)
         self._anchor_due = now_ns + self._ANCHOR_EVERY_NS
         self._anchor_busy = False
-        return True
 
     def record_starts(self) -> None:
         """Benchmark switch: every phase also records a start event (two events per phase, the

@@ -794,7 +794,9 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
                                              ("self2ev", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_START_EVENTS": "1"}),
                                              ("selfref", {"SGL_BENCH_SELF_TIME": "1"}),
                                              ("selfyield", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_YIELD_US": "50",
-                                                            "SGL_BENCH_DRAIN_CHUNK": "4"})])
+                                                            "SGL_BENCH_DRAIN_CHUNK": "4"}),
+                                             ("selfbatch", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "64",
+                                                            "SGL_BENCH_KEEP_GIL": "1"})])
 def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches):
     import device
 

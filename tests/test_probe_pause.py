@@ -530,3 +530,48 @@ def test_self_time_times_the_drains_stretches_between_two_gil_hand_overs(shim, m
         probe.instrumentor.uninstrument()
         if probe.pipeline is not None:
             probe.pipeline.shutdown()
+
+
+def test_self_time_reads_the_drain_threads_whole_cpu_at_each_flip(shim, monkeypatch, tmp_path):
+    """``self_drain["thread_cpu"]``: the drain thread's own clock at each flip (whatever it did,
+    in stretches or not), so the controller reports its CPU per step between two flips."""
+    import threading
+
+    from sgl_probe import export
+    from tests.workload import Batch, ForwardMode
+
+    Scheduler, probe = _scheduler_with_probe(monkeypatch, "probe_pause_thread_cpu_workload", lambda: None)
+    stop = threading.Event()
+    burned = threading.Event()
+
+    def burn():  # stands for the drain thread: CPU between the two flips, none after
+        t0 = time.thread_time_ns()
+        while time.thread_time_ns() - t0 < 30_000_000:
+            pass
+        burned.set()
+        stop.wait()
+
+    drainer = threading.Thread(target=burn, name="sgl-probe-drain", daemon=True)
+    try:
+        monkeypatch.setattr(activate, "_PROBE", probe)
+        monkeypatch.setattr(export, "time", export.time)
+        monkeypatch.setenv("SGL_BENCH_SELF_TIME", "1")
+        control = _load("control")
+        Scheduler().run_batch(Batch(ForwardMode.DECODE, 4))  # the pipeline, and its (idle) drain thread
+        probe.pipeline._thread.name = "idle"  # the burner below stands for it
+        shim._flip(signal.SIGUSR2, None)  # paused, timing on
+        drainer.start()
+        shim._flip(signal.SIGUSR2, None)  # recording
+        g0 = control.gc_stats(tmp_path, os.getpid())
+        assert burned.wait(10)
+        shim._flip(signal.SIGUSR2, None)
+        g1 = control.gc_stats(tmp_path, os.getpid())
+        got = control.own_time(g0, g1, steps=1000)
+        assert g1["self_drain"]["thread_cpu"][1] == g0["self_drain"]["thread_cpu"][1] + 1
+        assert got["drain:thread_cpu"] >= 20  # µs per step: >= 20 ms over the 1,000 steps given
+        assert g1["self_drain"]["thread_cpu"][0] - g0["self_drain"]["thread_cpu"][0] >= 20_000_000
+    finally:
+        stop.set()
+        probe.instrumentor.uninstrument()
+        if probe.pipeline is not None:
+            probe.pipeline.shutdown()

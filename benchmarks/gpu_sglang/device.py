@@ -936,9 +936,11 @@ def ab_judge(windows: dict) -> dict:
 #: shim's ``SGL_BENCH_START_EVENTS``). ``selfref``: as ``self``, with the reference wheel's probe.
 #: ``selfyield``: as ``self``, the drain handing the GIL over after 50 µs of work and checking
 #: every 4 steps (the shim's ``SGL_BENCH_DRAIN_YIELD_US``, ``SGL_BENCH_DRAIN_CHUNK``; the
-#: release: 500 µs, 16).
+#: release: 500 µs, 16). ``selfbatch``: as ``self``, the drain taking 64 steps between two checks
+#: of its budget and reading their GPU times without releasing the GIL (``gil``'s read): fewer
+#: hand-overs, each stretch one hold.
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
-              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield")
+              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -972,7 +974,9 @@ def ab_env(kind: str, endpoint: str) -> dict:
                         "OTEL_SERVICE_NAME": "sglang-self2ev"},
             "selfref": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-selfref"},
             "selfyield": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_YIELD_US": "50",
-                          "SGL_BENCH_DRAIN_CHUNK": "4", "OTEL_SERVICE_NAME": "sglang-selfyield"}}[kind]
+                          "SGL_BENCH_DRAIN_CHUNK": "4", "OTEL_SERVICE_NAME": "sglang-selfyield"},
+            "selfbatch": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "64", "SGL_BENCH_KEEP_GIL": "1",
+                          "OTEL_SERVICE_NAME": "sglang-selfbatch"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

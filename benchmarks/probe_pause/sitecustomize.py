@@ -56,7 +56,9 @@ each runs from a pass's start or the drain's yield (its short sleep) to its next
 pass's end; ``hold`` their wall time, ``hold_cpu`` the drain thread's CPU in them, and
 ``hold_over_<N>us`` the wall time of those longer than N µs. A scheduler thread that wants the GIL
 back during a stretch waits for the rest of it (the GIL hand-overs inside a stretch, the
-elapsed-time reads and the link's sends, count into its wall time).
+elapsed-time reads and the link's sends, count into its wall time). ``thread_cpu``: the drain
+thread's whole CPU time (its clock, read at each flip), stretches or not, so what it spends
+outside them (waking, taking the GIL back) is told from the process's other threads.
 
 ``SGL_BENCH_DRAIN_YIELD_US=N`` / ``SGL_BENCH_DRAIN_CHUNK=K``: at its first flip the shim sets the
 drain's stretch budget (``sgl_probe.export.YIELD_AFTER_NS``, N µs) and the steps it takes between
@@ -125,6 +127,7 @@ def _flip(signum, frame):
             _time_timer_calls(timer)
             _time_drain(probe)
             _drain_stretch()
+            _drain_thread_cpu()
             source = getattr(timer, "elapsed_source", None)
             hot_calls = getattr(timer, "hot_calls", None)
             anchor_events = getattr(timer, "anchor_events_made", None)
@@ -175,6 +178,23 @@ def _drain_stretch():
         export.YIELD_AFTER_NS = int(float(us) * 1000)
     if chunk:
         export.CHUNK = int(chunk)
+
+
+def _drain_thread_cpu():
+    """The drain thread's CPU so far into ``self_drain["thread_cpu"]`` as [ns, flips]: the flips
+    count up, so :func:`control.own_time` takes its difference between two flips."""
+    if not _DRAIN_ON:
+        return
+    for t in threading.enumerate():
+        if t.name == "sgl-probe-drain" and t.ident is not None:
+            try:
+                ns = time.clock_gettime_ns(time.pthread_getcpuclockid(t.ident))
+            except (OSError, AttributeError):
+                return
+            acc = _DRAIN.setdefault("thread_cpu", [0, 0])
+            acc[0] = ns
+            acc[1] += 1
+            return
 
 
 _SELF_ON = []

@@ -2524,7 +2524,8 @@ ahead_add(TakeCtx *c, Py_ssize_t *cap, void ***handles, PyObject *a, PyObject *b
     return 1;
 }
 
-/* The elapsed times the loop over the first n steps will ask for, in the order interval_kind asks
+/* Where the reads release the GIL (CudaTimer.elapsed_keeps_gil off: benchmarks measure it so):
+   the elapsed times the loop over the first n steps will ask for, in the order interval_kind asks
    (anchor to end; anchor to start where the phase recorded one), read with one release of the GIL
    instead of one per read: a scheduler thread that takes the GIL at each release makes this
    thread wait for it again each time, which costs it a wake-up on cold caches. The loop takes each

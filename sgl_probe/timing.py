@@ -291,10 +291,15 @@ class CudaTimer:
         self.start_events = False  # benchmarks switch it on (record_starts) to measure what it saves
         self.relax_capture_mode = True  # benchmarks switch it off to show the hazard it avoids
         self.runtime_elapsed = True  # benchmarks switch it off to measure what it saves
-        self.elapsed_keeps_gil = False  # benchmarks switch it on (runtime_elapsed's keep_gil)
+        # runtime_elapsed's keep_gil. The reads hold the GIL: releasing it for a few µs of driver
+        # calls let the scheduler thread take it, and the drain waited for it back and resumed on
+        # cold caches once per chunk (on a tiny real server, 64-step chunks read this way took the
+        # drain thread's CPU per step from ~3.0 to ~2.3 µs, BENCHMARKS.md h100-5). Benchmarks
+        # switch it off to measure the release.
+        self.elapsed_keeps_gil = True
         self._elapsed_checks = self._ELAPSED_CHECKS
-        # What the drain thread reads intervals with: "torch", or "cuda_runtime" once its checks
-        # passed ("cuda_runtime_gil" with elapsed_keeps_gil; for benchmarks and tests to see which
+        # What the drain thread reads intervals with: "torch", or "cuda_runtime_gil" once its checks
+        # passed ("cuda_runtime" without elapsed_keeps_gil; for benchmarks and tests to see which
         # ran).
         self.elapsed_source = "torch"
         self.fast_stream = raw_ok = False

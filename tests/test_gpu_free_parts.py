@@ -542,6 +542,24 @@ def test_the_summary_judges_all_cpu_charged_on_graph_loops_against_its_own_targe
     assert "all CPU charged 1.0140 [1.0130, 1.0151] MISSED" in eager
 
 
+def test_the_timers_runtime_read_keeps_the_gil_by_default():
+    """The drain's read holds the GIL (a release per chunk handed it to the scheduler thread and
+    cost the drain a cold wake-up to get it back); the source it reports says so."""
+    import ctypes
+
+    from sgl_probe.timing import CudaTimer
+
+    ft = _FakeTorch()
+    timer = CudaTimer(ft)
+    timer.relax_capture_mode = False
+    rt = _FakeCudart(ft)
+    timer._prepared.elapsed = timer.checked_elapsed(rt)  # as _prepare_thread does on the drain thread
+    for tok, end in _phases(ft, timer, CudaTimer._ELAPSED_CHECKS + 1):
+        timer.interval(tok, end)
+    assert timer.elapsed_source == "cuda_runtime_gil"
+    assert timer._prepared.elapsed.entry._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+
+
 def test_the_runtime_read_keeps_the_gil_only_when_asked():
     """ctypes releases the GIL around a call unless the prototype says otherwise (PYFUNCTYPE);
     both reads call the library's own entry point."""

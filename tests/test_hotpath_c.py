@@ -573,11 +573,13 @@ def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monk
         assert len([c for c in rt.calls if c[0] == "record"]) == (1 if "fail_record" in fail else 0)
 
 
-def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: bool = False) -> tuple:
+def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: bool = False,
+                  keep_gil: bool = False) -> tuple:
     """Steps recorded by the C wrappers with the CUDA timer over a stand-in GPU (idle at some
     calls, behind at others, a launched graph, a raising phase, a verify), then drained by
     ``drain.take_ready``: in C (``CudaTimer.take_rows``) or by its Python loop; the elapsed times
-    read by torch's reader or, once checked, the runtime's function itself."""
+    read by torch's reader or, once checked, the runtime's function itself (``keep_gil``: holding
+    the GIL, the default; else releasing it, which the C drain does once per chunk, reading ahead)."""
     from sgl_probe import drain
     from tests.test_gpu_free_parts import _FakeCudart
 
@@ -591,6 +593,7 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
     rec = Recorder("cuda", 10_000, LOG, "c")
     timer = rec.timer = CudaTimer(ft, hot)
     timer.relax_capture_mode = False
+    timer.elapsed_keeps_gil = keep_gil
     state = timer._prepared  # as _prepare_thread leaves the drain thread
     state.exchange, state.elapsed, state.done = None, None, True
     rt = None
@@ -665,6 +668,13 @@ def test_the_c_drain_resolves_the_same_rows_as_the_python_loop(hot, monkeypatch)
             second = [n for n in got[7] if n >= 25]
             assert len(second) > 30 and set(second) == {25}
             assert max(want[7]) > 50
+    # The release's read keeps the GIL: the same rows, nothing read ahead (each read as the row
+    # asks for it, in C as in Python).
+    want = _drained_rows(hot, monkeypatch, c_take=False, runtime=True, keep_gil=True)
+    got = _drained_rows(hot, monkeypatch, c_take=True, runtime=True, keep_gil=True)
+    assert got[:4] == want[:4] and got[4] == want[4] == "cuda_runtime_gil" and got[5] == want[5]
+    assert got[0] == _drained_rows(hot, monkeypatch, c_take=True, runtime=True)[0]
+    assert max(got[7]) > 50 and len(set(n for n in got[7] if n >= 25)) > 10
 
 
 def test_a_runtime_that_refuses_the_reads_ahead_is_asked_again_then_given_up(hot, monkeypatch, caplog):
@@ -964,9 +974,9 @@ def test_the_event_handle_table_stays_bounded_and_takes_only_pool_events(hot, mo
     ft._record(anchor, end[1])
     for _ in range(50):  # until the runtime's reader has been checked against torch's
         timer.interval_kind(a, end)
-        if timer.elapsed_source == "cuda_runtime":
+        if timer.elapsed_source == "cuda_runtime_gil":
             break
-    assert timer.elapsed_source == "cuda_runtime"
+    assert timer.elapsed_source == "cuda_runtime_gil"
     kept = timer._c.handles_kept
     end2 = (end[0], end[1], end[2], (anchor, t + 10**7))  # an anchor the table has never seen
     reads = []

@@ -215,6 +215,9 @@ def test_keep_gil_switch_is_applied_once_and_the_drain_sets_up_again(shim, monke
     again = timer._prepared
     shim._flip(signal.SIGUSR2, None)
     assert timer._prepared is again  # once only
+    monkeypatch.setenv("SGL_BENCH_KEEP_GIL", "0")  # the read releasing it, as releases before h100-5 did
+    shim._flip(signal.SIGUSR2, None)
+    assert timer.elapsed_keeps_gil is False and timer._prepared is not again
 
 
 def test_start_events_switch_makes_the_timer_record_starts_once_it_exists(shim, monkeypatch, tmp_path):
@@ -452,7 +455,7 @@ def test_the_section_build_times_the_c_wrappers_and_the_controller_reports_them(
     from tests.test_hotpath_c import _drained_rows
 
     before = timed.section_times()
-    rows, taken = _drained_rows(timed, monkeypatch, c_take=True, runtime=True)[:2]
+    rows, taken = _drained_rows(timed, monkeypatch, c_take=True, runtime=True, keep_gil=False)[:2]
     after = timed.section_times()
     calls = {k: after[k][1] - before[k][1] for k in after}
     assert calls["drain_collect"] == calls["drain_reads"] == calls["drain_regain"] >= 1

@@ -936,9 +936,10 @@ def ab_judge(windows: dict) -> dict:
 #: shim's ``SGL_BENCH_START_EVENTS``). ``selfref``: as ``self``, with the reference wheel's probe.
 #: ``selfyield``: as ``self``, the drain handing the GIL over after 50 µs of work and checking
 #: every 4 steps (the shim's ``SGL_BENCH_DRAIN_YIELD_US``, ``SGL_BENCH_DRAIN_CHUNK``; the
-#: release: 500 µs, 16). ``selfbatch``: as ``self``, the drain taking 64 steps between two checks
+#: release: 500 µs, 64). ``selfbatch``: as ``self``, the drain taking 64 steps between two checks
 #: of its budget and reading their GPU times without releasing the GIL (``gil``'s read): fewer
-#: hand-overs, each stretch one hold.
+#: hand-overs, each stretch one hold (what releases since h100-5 do by default: the kind is for
+#: the revisions before).
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
               "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch")
 

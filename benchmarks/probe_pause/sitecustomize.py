@@ -29,9 +29,10 @@ record through (``hot_calls``: ``cuda_runtime`` or ``torch``), how many anchor e
 thread has made (``anchor_events``: it reuses them, so a steady server's count stays flat), and
 where the process imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
 
-``SGL_BENCH_KEEP_GIL=1``: at its first flip the shim switches the CUDA timer's
-``elapsed_keeps_gil`` on (the runtime's elapsed-time read without releasing the GIL) and makes the
-drain thread set up its read again, so a server measures that read from its first window.
+``SGL_BENCH_KEEP_GIL=1`` / ``=0``: at its first flip the shim switches the CUDA timer's
+``elapsed_keeps_gil`` on (the runtime's elapsed-time read without releasing the GIL, the release's
+default since h100-5) or off (the read releasing it, as releases before did) and makes the drain
+thread set up its read again, so a server measures that read from its first window.
 
 ``SGL_BENCH_START_EVENTS=1``: once the CUDA timer exists, the shim switches its ``record_starts``
 on, so every phase records a start event as well as its end: two events per phase, to measure
@@ -62,7 +63,7 @@ outside them (waking, taking the GIL back) is told from the process's other thre
 
 ``SGL_BENCH_DRAIN_YIELD_US=N`` / ``SGL_BENCH_DRAIN_CHUNK=K``: at its first flip the shim sets the
 drain's stretch budget (``sgl_probe.export.YIELD_AFTER_NS``, N µs) and the steps it takes between
-two checks of it (``CHUNK``), to measure shorter stretches against the release's 500 µs / 16.
+two checks of it (``CHUNK``), to measure other stretches against the release's 500 µs / 64.
 """
 
 import gc
@@ -155,9 +156,10 @@ def _sections():
 
 
 def _keep_gil(timer):
-    if os.environ.get("SGL_BENCH_KEEP_GIL") != "1" or getattr(timer, "elapsed_keeps_gil", True):
+    want = {"1": True, "0": False}.get(os.environ.get("SGL_BENCH_KEEP_GIL", ""))
+    if want is None or timer is None or getattr(timer, "elapsed_keeps_gil", want) is want:
         return
-    timer.elapsed_keeps_gil = True
+    timer.elapsed_keeps_gil = want
     # Each drain thread sets its read up once, in this thread-local: a fresh one makes it do so
     # again with the switch on (meanwhile it reads with torch's, as an unprepared thread does).
     timer._prepared = threading.local()

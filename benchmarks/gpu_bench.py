@@ -43,6 +43,15 @@ from gpu_bench_percall import section_percall
 from gpu_bench_syncdebug import section_syncdebug
 
 
+def _cpu_model() -> str | None:
+    """The host's CPU (the probe's host-side cost per step follows it; h100-4 against h100-5)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run to check the script's logic")
@@ -63,6 +72,7 @@ def main() -> None:
         "cuda_runtime": getattr(t.version, "cuda", None),
         "nccl": ".".join(map(str, t.cuda.nccl.version())) if env.cuda else None,
         "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
     }
     log("meta %s" % RESULTS["meta"])
     only = set(filter(None, args.only.split(",")))

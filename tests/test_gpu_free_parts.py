@@ -542,6 +542,22 @@ def test_the_summary_judges_all_cpu_charged_on_graph_loops_against_its_own_targe
     assert "all CPU charged 1.0140 [1.0130, 1.0151] MISSED" in eager
 
 
+def test_the_bench_meta_names_the_hosts_cpu(tmp_path, monkeypatch):
+    """gpu_bench's meta carries the host CPU's model (the probe's host-side µs follow it)."""
+    _bench()
+    import builtins
+
+    import gpu_bench
+
+    real_open = builtins.open
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\nflags\t: x\n")
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(info if p == "/proc/cpuinfo" else p, *a, **k))
+    assert gpu_bench._cpu_model() == "Some CPU @ 2.0GHz"
+    info.write_text("processor\t: 0\n")
+    assert gpu_bench._cpu_model() is None
+
+
 def test_the_timers_runtime_read_keeps_the_gil_by_default():
     """The drain's read holds the GIL (a release per chunk handed it to the scheduler thread and
     cost the drain a cold wake-up to get it back); the source it reports says so."""

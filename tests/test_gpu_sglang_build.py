@@ -627,7 +627,11 @@ def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
     (tmp_path / "gpu_sglang_r32_overhead_cross.json").write_text(
         json.dumps({"tokens": 1024, "export": "probe", "cores_busy": cores, "verdict": verdict}))
     (tmp_path / "machine.txt").write_text("NVIDIA H200\ntorch 2 sglang 0.5.23\n")
-    got = summarize.summarize("h200-x", [str(tmp_path)])["overhead_cross"]["r32"]
+    assert summarize.summarize("h200-x", [str(tmp_path)])["host_cpu"] is None  # run.sh before it wrote one
+    (tmp_path / "machine.txt").write_text("NVIDIA H200\nhost cpu Some CPU @ 2.0GHz, 16 cpus\ntorch 2 sglang 0.5.23\n")
+    whole = summarize.summarize("h200-x", [str(tmp_path)])
+    assert whole["host_cpu"] == "Some CPU @ 2.0GHz, 16 cpus" and whole["sglang_version"] == "0.5.23"
+    got = whole["overhead_cross"]["r32"]
     assert got["recording_over_paused"]["median_ratio"] == 0.99 and got["tokens"] == 1024
     assert got["control"]["pairs"] == 6 and got["one_server"]["b"]["median_ratio"] == 0.97
     assert got["cores_busy_p50"]["exporter_recording"] == 0.2 and got["cores_busy_p50"]["exporter_paused"] == 0.0

@@ -29,6 +29,8 @@ if [ ! -d /tmp/site/sglang ]; then
 fi
 echo "[run.sh] installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT"/machine.txt 2>&1
+# The host's CPU: the probe's µs per step and a launch-bound server's speed follow it (h100-4 against h100-5).
+echo "host cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cpus" >> "$OUT"/machine.txt
 # PYTHONSAFEPATH: from the checkout, -c would import the checkout's sgl_probe instead of the wheel's.
 PYTHONSAFEPATH=1 PYTHONPATH=/tmp/probe:/tmp/site python3 -c 'import torch, sglang, sgl_probe, sgl_probe.hotpath as h; print("torch", torch.__version__, "cuda", torch.version.cuda, "sglang", sglang.__version__, "sgl_probe", sgl_probe.__version__, "from", sgl_probe.__file__, "hot path", h.name(h.load()))' >> "$OUT"/machine.txt 2>&1
 cat "$OUT"/machine.txt

@@ -225,6 +225,7 @@ def summarize(run: str, dirs: list[str]) -> dict:
     out: dict = {"run": run, "gpu": lines[0] if lines else None,
                  "versions": next((ln for ln in lines if ln.startswith("torch")), None)}
     out["sglang_version"] = (out["versions"] or "").partition("sglang ")[2].split(" ")[0] or None
+    out["host_cpu"] = next((ln[len("host cpu "):] for ln in lines if ln.startswith("host cpu ")), None)
     c = suites.get("correct")
     if c:
         servers = [c[n] for n in ("plain_on", "eagle_on", "plain_nograph") if n in c]

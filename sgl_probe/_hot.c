@@ -38,8 +38,9 @@ static PyObject *perf_counter_ns;
 /* Section times, a benchmark-only build (``CC="cc -DSGL_PROBE_SECTION_TIMES"``; the GPU builder's
    ``--section-times``): where the wrappers' own time goes inside a real server, caches as they are
    there, which no timing layer around them can split; and the drain thread's C parts (``drain_*``:
-   the ready checks, the reads ahead: collecting them with the GIL, reading without it, getting
-   the GIL back; then per step its pop, its row, its events' release; the summary). ``start_anchor``
+   the ready checks; where the reads release the GIL, the reads ahead: collecting them with it,
+   reading without it, getting it back; then per step its pop, its row with its reads where they
+   keep the GIL, its events' release; the summary). ``start_anchor``
    is the part of ``phase_start`` that refreshes the CUDA timer's anchor (refresh_anchor_runtime, or
    Python's where that does not apply).
    A normal build compiles none of it. */
@@ -2076,7 +2077,7 @@ typedef struct {
     PyObject *gpu_event, *host_clock, *error_text;
     long long offset, tolerance;
     int host; /* the CPU timer's tokens: host clock values, nothing to map or release */
-    Ahead *ahead;            /* the pass's elapsed times, read with one release of the GIL */
+    Ahead *ahead;            /* the pass's elapsed times, read with one release of the GIL (keep_gil off) */
     Py_ssize_t n_ahead, next_ahead;
     PyObject *timer;         /* the CUDA timer (borrowed), whose reader takes over once the runtime refused */
     CudaFastObject *fast;    /* its C side (borrowed; the events' handles), or NULL */

@@ -7,7 +7,7 @@ Drain side (the export thread): ``ready``, ``interval_kind``, ``wall``, ``releas
 The CUDA timer never synchronizes: end events come from a pool, are recorded on the current
 stream when the call returns, and are later asked ``query()`` by the drain thread; only completed
 ones are read, on the probe's own threads with the CUDA runtime's ``cudaEventElapsedTime`` (one
-call, the GIL released; :func:`runtime_elapsed`), elsewhere with torch's ``elapsed_time``. Nothing
+call, the GIL kept; :func:`runtime_elapsed`), elsewhere with torch's ``elapsed_time``. Nothing
 is recorded on a stream that is being captured into a CUDA graph (SGLang captures at startup), so
 capture stays valid.
 

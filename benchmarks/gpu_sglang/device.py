@@ -926,7 +926,8 @@ def ab_judge(windows: dict) -> dict:
 #: the export. ``drop``: the queue to the drain holds one step, so nearly every step is recorded
 #: (CUDA events included) and dropped at once: the hot path alone, nothing resolved or exported.
 #: ``gil``: as ``probe``, the drain reading GPU times without releasing the GIL (the pause shim
-#: switches ``CudaTimer.elapsed_keeps_gil`` on at its first flip, before any window). ``self``: as
+#: switches ``CudaTimer.elapsed_keeps_gil`` on at its first flip, before any window; the release's
+#: default since h100-5, so the kind is for the revisions before). ``self``: as
 #: ``probe``, with the pause shim timing the probe's per-step wrappers from inside (its own time
 #: on the scheduler thread per step, recording and paused: ``probe_self`` in the summary);
 #: ``selfcpu`` the same with the CPU timer (no CUDA call on the hot path: what is left is Python);

@@ -43,10 +43,10 @@ from gpu_bench_percall import section_percall
 from gpu_bench_syncdebug import section_syncdebug
 
 
-def _cpu_model() -> str | None:
+def _cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """The host's CPU (the probe's host-side cost per step follows it; h100-4 against h100-5)."""
     try:
-        with open("/proc/cpuinfo") as fh:
+        with open(cpuinfo) as fh:
             return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
     except OSError:
         return None

@@ -542,20 +542,17 @@ def test_the_summary_judges_all_cpu_charged_on_graph_loops_against_its_own_targe
     assert "all CPU charged 1.0140 [1.0130, 1.0151] MISSED" in eager
 
 
-def test_the_bench_meta_names_the_hosts_cpu(tmp_path, monkeypatch):
+def test_the_bench_meta_names_the_hosts_cpu(tmp_path):
     """gpu_bench's meta carries the host CPU's model (the probe's host-side µs follow it)."""
     _bench()
-    import builtins
-
     import gpu_bench
 
-    real_open = builtins.open
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\nflags\t: x\n")
-    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(info if p == "/proc/cpuinfo" else p, *a, **k))
-    assert gpu_bench._cpu_model() == "Some CPU @ 2.0GHz"
+    assert gpu_bench._cpu_model(str(info)) == "Some CPU @ 2.0GHz"
     info.write_text("processor\t: 0\n")
-    assert gpu_bench._cpu_model() is None
+    assert gpu_bench._cpu_model(str(info)) is None
+    assert gpu_bench._cpu_model(str(tmp_path / "absent")) is None
 
 
 def test_the_timers_runtime_read_keeps_the_gil_by_default():

@@ -1394,6 +1394,8 @@ typedef int (*event_record_fn)(void *event, void *stream);
 typedef int (*stream_is_capturing_fn)(void *stream, int *status);
 typedef int (*get_last_error_fn)(void);
 typedef int (*stream_query_fn)(void *stream);
+/* torch's C shim for the current stream (``aoti_torch_get_current_cuda_stream``: 0 success). */
+typedef int32_t (*current_stream_fn)(int32_t device_index, void **stream);
 #define CUDA_ERROR_NOT_READY 600 /* cudaErrorNotReady: the stream still has work queued */
 
 static int as_ll(PyObject *v, long long *out);
@@ -1425,6 +1427,14 @@ typedef struct {
     /* The runtime path's stream look-up: torch's raw handle of the current stream (an int) ->
        (torch's key for it, the probe's Stream), filled by the full look-up (current_stream). */
     PyObject *handles;
+    /* torch's own C entry point for the current stream's raw handle, where the timer checked it
+       names what torch's Python call names (timing._torch_stream_entry): the same answer without
+       a Python call, an int made and a dict look-up, on a thread whose caches SGLang keeps cold.
+       NULL: the Python call. And the last handle mapped and its (key, Stream) pair, held: a
+       scheduler names one stream phase after phase. */
+    current_stream_fn get_stream;
+    void *last_sh;
+    PyObject *last_hit;
     /* Event object -> its cudaEvent_t (event_handle), or NULL before the first. */
     struct EvHandle *evh;
     Py_ssize_t evh_n;
@@ -1529,6 +1539,7 @@ fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
     Py_VISIT(f->pool);
     Py_VISIT(f->anchors);
     Py_VISIT(f->raw_stream);
+    Py_VISIT(f->last_hit);
     return 0;
 }
 
@@ -1545,6 +1556,7 @@ fast_clear(CudaFastObject *f)
     Py_CLEAR(f->pool);
     Py_CLEAR(f->anchors);
     Py_CLEAR(f->raw_stream);
+    Py_CLEAR(f->last_hit);
     evh_free(f);
     return 0;
 }
@@ -1603,17 +1615,20 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *timer, *state, *runtime = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|O:CudaFast", kw, &timer, &PyDict_Type, &state, &runtime))
         return NULL;
-    void *record = NULL, *capturing = NULL, *last_error = NULL, *query = NULL;
+    void *record = NULL, *capturing = NULL, *last_error = NULL, *query = NULL, *get_stream = NULL;
     PyObject *on_fail = NULL;
     if (runtime != Py_None) {
-        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError, cudaStreamQuery addresses, on_fail) */
-        PyObject *a, *b, *c, *d;
-        if (!PyArg_ParseTuple(runtime, "OOOOO:runtime", &a, &b, &c, &d, &on_fail))
+        /* (cudaEventRecord, cudaStreamIsCapturing, cudaGetLastError, cudaStreamQuery addresses, on_fail
+           [, torch's current-stream entry point or None]) */
+        PyObject *a, *b, *c, *d, *e = Py_None;
+        if (!PyArg_ParseTuple(runtime, "OOOOO|O:runtime", &a, &b, &c, &d, &on_fail, &e))
             return NULL;
         record = PyLong_AsVoidPtr(a);
         capturing = PyLong_AsVoidPtr(b);
         last_error = PyLong_AsVoidPtr(c);
         query = PyLong_AsVoidPtr(d);
+        if (e != Py_None)
+            get_stream = PyLong_AsVoidPtr(e);
         if (PyErr_Occurred())
             return NULL;
         if (record == NULL || capturing == NULL || last_error == NULL || query == NULL || !PyCallable_Check(on_fail)) {
@@ -1647,6 +1662,9 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->evh_n = 0;
     f->last_read = NULL;
     f->last_read_handle = NULL;
+    f->get_stream = (current_stream_fn)get_stream;
+    f->last_sh = NULL;
+    f->last_hit = NULL;
     f->timer = Py_NewRef(timer);
     f->state = Py_NewRef(state);
     f->event_record = (event_record_fn)record;
@@ -1807,15 +1825,38 @@ current_stream_runtime(CudaFastObject *f, PyObject **key_out, PyObject **stream_
     PyObject *raw = f->raw_stream;
     PyObject *h = NULL;
     if (raw != Py_None) {
-        Py_INCREF(raw); /* held across the call: a Python reader could replace the kept one */
-        h = PyObject_CallOneArg(raw, int_minus_one);
-        Py_DECREF(raw);
+        void *sh = NULL;
+        int have = 0;
+        if (f->get_stream != NULL) {
+            if (f->get_stream(-1, &sh) == 0)
+                have = 1;
+            else /* torch's own error (it threw): its Python call below raises it, as without this */
+                f->get_stream = NULL;
+        }
+        if (have && sh == f->last_sh && f->last_hit != NULL) {
+            *handle_out = sh;
+            *key_out = Py_NewRef(PyTuple_GET_ITEM(f->last_hit, 0));
+            *stream_out = Py_NewRef(PyTuple_GET_ITEM(f->last_hit, 1));
+            return 0;
+        }
+        if (have) {
+            h = PyLong_FromVoidPtr(sh);
+        }
+        else {
+            Py_INCREF(raw); /* held across the call: a Python reader could replace the kept one */
+            h = PyObject_CallOneArg(raw, int_minus_one);
+            Py_DECREF(raw);
+        }
         if (h == NULL)
             return -1;
         PyObject *hit = PyDict_GetItemWithError(f->handles, h);
         if (hit != NULL) {
             *handle_out = PyLong_AsVoidPtr(h);
             Py_DECREF(h);
+            if (have) {
+                f->last_sh = sh;
+                Py_XSETREF(f->last_hit, Py_NewRef(hit));
+            }
             *key_out = Py_NewRef(PyTuple_GET_ITEM(hit, 0));
             *stream_out = Py_NewRef(PyTuple_GET_ITEM(hit, 1));
             return 0;
@@ -2721,6 +2762,12 @@ fast_runtime_get(CudaFastObject *f, void *closure)
 }
 
 static PyObject *
+fast_stream_c_get(CudaFastObject *f, void *closure)
+{
+    return PyBool_FromLong(f->get_stream != NULL);
+}
+
+static PyObject *
 fast_handles_kept_get(CudaFastObject *f, void *closure)
 {
     return PyLong_FromSsize_t(f->evh_n);
@@ -2819,6 +2866,7 @@ static PyGetSetDef fast_getset[] = {
     {"raw_stream", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._raw_stream", (void *)KEPT_RAW_STREAM},
     {"chain", (getter)fast_chain_get, (setter)fast_chain_set, "CudaTimer._chain", NULL},
     {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
+    {"stream_c", (getter)fast_stream_c_get, NULL, "whether the current stream comes from torch's C entry point", NULL},
     {"handles_kept", (getter)fast_handles_kept_get, NULL, "how many events' raw handles are kept", NULL},
     {NULL},
 };

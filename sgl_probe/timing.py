@@ -12,9 +12,10 @@ is recorded on a stream that is being captured into a CUDA graph (SGLang capture
 capture stays valid.
 
 What one timed call costs on the hot path: at the start, the host clock (and every 100 ms an
-anchor, below); at the end, one capture check, one look-up of the current stream (a C call and a
-dict hit: ``torch.cuda.current_stream()`` would build a new Python ``Stream`` object every time,
-which costs more than the driver's record itself) and one event record, made through the C method
+anchor, below); at the end, one capture check, one look-up of the current stream (torch's C entry point for
+its raw handle where it has a checked one, else a C call of torch's Python module, then a dict hit:
+``torch.cuda.current_stream()`` would build a new Python ``Stream`` object every time, which costs
+more than the driver's record itself) and one event record, made through the C method
 with that stream. Where the phase started on the GPU is worked out by the drain thread
 (see ``CudaTimer``).
 
@@ -35,6 +36,8 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
+import re
 import sys
 import threading
 import time
@@ -101,20 +104,62 @@ class CpuTimer:
         return start + self._offset, end + self._offset, None
 
 
-def _cudart() -> Any:
-    """The CUDA runtime torch already loaded (a ``ctypes.CDLL``), or None."""
+def _loaded_library(name: str) -> Any:
+    """A shared library this process already loaded whose file name contains ``name`` (a
+    ``ctypes.CDLL`` of that file), or None."""
     import ctypes
 
     path = None
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                if "libcudart.so" in line:
+                if name in line:
                     path = line.split()[-1]
                     break
     except OSError:
         return None
     return None if path is None else ctypes.CDLL(path)
+
+
+def _cudart() -> Any:
+    """The CUDA runtime torch already loaded (a ``ctypes.CDLL``), or None."""
+    return _loaded_library("libcudart.so")
+
+
+# torch's C shim for the current stream took (ret_stream, device_index) in its first releases and
+# (device_index, ret_stream) since: the C half calls the latter, where the header torch ships says so.
+_STREAM_ENTRY = "aoti_torch_get_current_cuda_stream"
+_STREAM_DECL = re.compile(_STREAM_ENTRY + r"\(\s*int32_t\s+\w+\s*,\s*void\s*\*\s*\*\s*\w+\s*\)")
+_STREAM_HEADER = ("include", "torch", "csrc", "inductor", "aoti_torch", "c", "shim.h")
+
+
+def _torch_stream_entry(torch_mod: Any, raw_stream: Any) -> Optional[int]:
+    """The address of torch's ``aoti_torch_get_current_cuda_stream`` in the libtorch_cuda it
+    loaded, for the C hot path's stream look-up: only where the header torch ships declares it
+    ``(int32_t device_index, void** ret_stream)`` and one call answers as ``raw_stream(-1)`` (torch's
+    Python call) does; else None (the C half makes that Python call)."""
+    import ctypes
+
+    header = os.path.join(os.path.dirname(getattr(torch_mod, "__file__", None) or ""), *_STREAM_HEADER)
+    try:
+        with open(header, encoding="utf-8", errors="replace") as fh:
+            if not _STREAM_DECL.search(fh.read()):
+                return None
+    except OSError:
+        return None
+    lib = _loaded_library("libtorch_cuda.so")
+    fn = getattr(lib, _STREAM_ENTRY, None) if lib is not None else None
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_int32
+    fn.argtypes = (ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
+    out = ctypes.c_void_p()
+    try:
+        if fn(-1, ctypes.byref(out)) != 0 or (out.value or 0) != raw_stream(-1):
+            return None
+    except Exception:
+        return None
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def _runtime_entry_points(on_fail: Any) -> Optional[tuple]:
@@ -327,6 +372,10 @@ class CudaTimer:
             # (_CudaTimerKept); a timer without a C half keeps plain attributes, which its Python
             # methods read faster.
             runtime = _runtime_entry_points(self._runtime_failed) if self.hot_runtime_calls else None
+            entry = None if runtime is None or self._raw_stream is None \
+                else _torch_stream_entry(torch_mod, self._raw_stream)
+            if entry is not None:
+                runtime += (entry,)
             self._c = fast.CudaFast(self, vars(self), runtime)
             self.__class__ = _CudaTimerKept
             self.start, self.stop = self._c.start, self._c.stop  # type: ignore[method-assign]

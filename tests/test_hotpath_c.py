@@ -557,6 +557,100 @@ def test_the_c_timer_names_the_stream_by_its_raw_handle_once_the_full_look_up_ha
     assert timer2._raw_stream is None and timer2.fast_stream
 
 
+class _StreamEntry:
+    """torch's ``aoti_torch_get_current_cuda_stream`` as a real C function pointer (a ctypes
+    callback): the current stream's raw handle, or ``fail_at``'s call fails as a throwing torch
+    would (a non-zero return, nothing written)."""
+
+    def __init__(self, handle, fail_at: int = 0) -> None:
+        import ctypes
+
+        self.calls, self.fail_at = [], fail_at
+
+        def entry(device, out):
+            self.calls.append(device)
+            if len(self.calls) == self.fail_at:
+                return 1
+            out[0] = handle() or None  # ctypes passes a NULL handle as None
+            return 0
+
+        self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))(entry)
+        self.address = ctypes.cast(self._fn, ctypes.c_void_p).value
+
+
+@pytest.mark.parametrize("fail_at", [0, 5])
+def test_the_c_timer_takes_the_current_stream_from_torchs_c_entry_point_where_given(hot, monkeypatch, fail_at):
+    """Given torch's C entry point for the current stream, the phase end asks it instead of
+    torch's Python call (one C call; the stream it names found from the last phase end's, else
+    through the handle map) and records on the same streams as the Python call would; where the
+    entry point fails, the Python call takes over for good, the records unchanged."""
+    from sgl_probe import timing
+
+    ft = _FakeTorch()
+    raw = {"calls": 0}
+
+    def handle(key):  # stream 0 stands for a default stream: handle 0 on every device
+        return 0 if key[0] == 0 else 0x1000 + key[0]
+
+    def raw_stream(idx):
+        raw["calls"] += 1
+        return handle(ft.current)
+
+    ft._C._cuda_getCurrentRawStream = staticmethod(raw_stream)
+    entry = _StreamEntry(lambda: handle(ft.current), fail_at)
+    given = []
+    monkeypatch.setattr(timing, "_torch_stream_entry",
+                        lambda torch_mod, rs: given.append((torch_mod, rs)) or entry.address)
+    ft, rt, timer = _runtime_timer(hot, monkeypatch, ft=ft)
+    ft.cuda.Stream.cuda_stream = property(lambda st: handle(st.key))
+    assert given == [(ft, raw_stream)] and timer._c.stream_c
+    other = (5, 0, 1)
+    _STREAMS.extend([ft.cuda.Stream(*other), ft.cuda.Stream(0, 0, 1), ft.cuda.Stream(0, 1, 1)])
+    plan = [(3, 0, 1), (3, 0, 1), other, other, (3, 0, 1), (0, 0, 1), (0, 1, 1), other, (3, 0, 1), other]
+    raw_before = raw["calls"]
+    for i, cur in enumerate(plan):
+        ft.current = cur
+        tok = timer.start(10**12 + i * 10**6)
+        end = timer.stop(tok, 10**12 + i * 10**6 + 5)
+        assert end[1].key == ft.current == ft.records[-1][1], i
+    if not fail_at:
+        assert len(entry.calls) == len(plan) and set(entry.calls) == {-1}
+        assert raw["calls"] == raw_before and timer._c.stream_c  # no Python call on any phase end
+    else:
+        assert len(entry.calls) == fail_at and not timer._c.stream_c
+        assert raw["calls"] - raw_before == len(plan) - fail_at + 1  # from the failing call on
+
+
+def test_torchs_stream_entry_is_taken_only_where_its_header_and_its_answer_agree(monkeypatch, tmp_path):
+    """The header torch ships must declare (device_index, ret_stream), the order the C half calls
+    (torch's first releases took the result first: called so, it would write through the device
+    index); the library must be loaded; one call must answer what torch's Python call answers."""
+    from sgl_probe import timing
+
+    shim = tmp_path.joinpath("torch", *timing._STREAM_HEADER)
+    shim.parent.mkdir(parents=True)
+    torch_mod = NS(__file__=str(tmp_path / "torch" / "__init__.py"))
+    entry = _StreamEntry(lambda: 0x4242)
+    lib = NS(aoti_torch_get_current_cuda_stream=entry._fn)
+    monkeypatch.setattr(timing, "_loaded_library", lambda name: lib if name == "libtorch_cuda.so" else None)
+    new_order = "AOTI_TORCH_EXPORT AOTITorchError\naoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);\n"
+    old_order = "AOTITorchError aoti_torch_get_current_cuda_stream(\n    void** ret,\n    int32_t device_index);\n"
+
+    assert timing._torch_stream_entry(torch_mod, lambda d: 0x4242) is None  # no header
+    shim.write_text(old_order)
+    assert timing._torch_stream_entry(torch_mod, lambda d: 0x4242) is None
+    assert entry.calls == []  # never called in the other order
+    shim.write_text(new_order)
+    assert timing._torch_stream_entry(torch_mod, lambda d: 0x4242) == entry.address
+    assert entry.calls == [-1]
+    assert timing._torch_stream_entry(torch_mod, lambda d: 0x4343) is None  # another answer
+    failing = _StreamEntry(lambda: 0x4242, fail_at=1)
+    lib.aoti_torch_get_current_cuda_stream = failing._fn
+    assert timing._torch_stream_entry(torch_mod, lambda d: 0x4242) is None
+    monkeypatch.setattr(timing, "_loaded_library", lambda name: None)
+    assert timing._torch_stream_entry(torch_mod, lambda d: 0x4242) is None  # torch's CUDA library not loaded
+
+
 def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monkeypatch, caplog):
     for fail in ({"fail_record": 400}, {"fail_capture": 900}):
         ft, rt, timer = _runtime_timer(hot, monkeypatch, **fail)

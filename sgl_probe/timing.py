@@ -394,6 +394,14 @@ class CudaTimer:
         """What the phase end's capture check and record go through: ``cuda_runtime`` or ``torch``."""
         return "cuda_runtime" if self._c is not None and self._c.runtime else "torch"
 
+    @property
+    def stream_calls(self) -> str:
+        """Where the C half's phase end reads the current stream from: ``torch_c`` (torch's C entry
+        point), ``torch_raw`` (torch's Python call for the raw handle) or ``torch`` (the full look-up)."""
+        if self._c is not None and self._c.runtime and self._c.stream_c:
+            return "torch_c"
+        return "torch_raw" if self._c is not None and self._c.runtime and self._raw_stream is not None else "torch"
+
     @staticmethod
     def _runtime_failed(what: str) -> None:
         log.warning("sgl-probe: %s through the CUDA runtime failed; the hot path uses torch's calls from now on",

@@ -554,7 +554,7 @@ def test_the_c_timer_names_the_stream_by_its_raw_handle_once_the_full_look_up_ha
     ft2 = _FakeTorch()
     ft2._C._cuda_getCurrentRawStream = staticmethod(lambda idx: 0x9999)
     _, _, timer2 = _runtime_timer(hot, monkeypatch, ft=ft2)
-    assert timer2._raw_stream is None and timer2.fast_stream
+    assert timer2._raw_stream is None and timer2.fast_stream and timer2.stream_calls == "torch"
 
 
 class _StreamEntry:
@@ -603,7 +603,7 @@ def test_the_c_timer_takes_the_current_stream_from_torchs_c_entry_point_where_gi
                         lambda torch_mod, rs: given.append((torch_mod, rs)) or entry.address)
     ft, rt, timer = _runtime_timer(hot, monkeypatch, ft=ft)
     ft.cuda.Stream.cuda_stream = property(lambda st: handle(st.key))
-    assert given == [(ft, raw_stream)] and timer._c.stream_c
+    assert given == [(ft, raw_stream)] and timer._c.stream_c and timer.stream_calls == "torch_c"
     other = (5, 0, 1)
     _STREAMS.extend([ft.cuda.Stream(*other), ft.cuda.Stream(0, 0, 1), ft.cuda.Stream(0, 1, 1)])
     plan = [(3, 0, 1), (3, 0, 1), other, other, (3, 0, 1), (0, 0, 1), (0, 1, 1), other, (3, 0, 1), other]
@@ -617,7 +617,7 @@ def test_the_c_timer_takes_the_current_stream_from_torchs_c_entry_point_where_gi
         assert len(entry.calls) == len(plan) and set(entry.calls) == {-1}
         assert raw["calls"] == raw_before and timer._c.stream_c  # no Python call on any phase end
     else:
-        assert len(entry.calls) == fail_at and not timer._c.stream_c
+        assert len(entry.calls) == fail_at and not timer._c.stream_c and timer.stream_calls == "torch_raw"
         assert raw["calls"] - raw_before == len(plan) - fail_at + 1  # from the failing call on
 
 

@@ -126,9 +126,10 @@ def fold_overhead_cross(res: dict) -> dict:
         if per_step:
             out["scheduler_us_per_step_p50"] = per_step
         # At each server's last flip (pause shim, h200-14 on): what its drain read GPU times with,
-        # where it imported sgl_probe from (which wheel ran), what its phase ends recorded through, and
+        # where it imported sgl_probe from (which wheel ran), what its phase ends recorded through and
+        # read the current stream from, and
         # how many anchor events its drain thread had made.
-        for key in ("elapsed_source", "probe_file", "hot_calls", "anchor_events"):
+        for key in ("elapsed_source", "probe_file", "hot_calls", "stream_calls", "anchor_events"):
             last = {c["server"]: (c.get("gc_at_flip") or {}).get(key) for c in cores}
             if any(last.values()):
                 out[key] = last

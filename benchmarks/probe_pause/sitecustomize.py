@@ -25,7 +25,8 @@ promoted, which can make SGLang's full collections of its large heap more freque
 difference between two flips says how much of a recording window went there. The same file
 carries what the probe's CUDA timer reads GPU times with (``elapsed_source``; None before the
 first step or with the CPU timer), so a benchmark can see which read ran, what its phase ends
-record through (``hot_calls``: ``cuda_runtime`` or ``torch``), how many anchor events the drain
+record through (``hot_calls``: ``cuda_runtime`` or ``torch``) and read the current stream from
+(``stream_calls``: ``torch_c``, ``torch_raw`` or ``torch``), how many anchor events the drain
 thread has made (``anchor_events``: it reuses them, so a steady server's count stays flat), and
 where the process imported ``sgl_probe`` from (``probe_file``), so it can see which probe ran.
 
@@ -111,7 +112,7 @@ def _flip(signum, frame):
             get_probe = lambda: None  # noqa: E731
 
         probe = get_probe()
-        source = hot_calls = anchor_events = None
+        source = hot_calls = stream_calls = anchor_events = None
         probe_file = getattr(sys.modules.get("sgl_probe"), "__file__", None)
         if probe is None:  # SGL_PROBE=0 (an A/A control) or SGLang not imported in this process
             state = "no-probe"
@@ -131,11 +132,12 @@ def _flip(signum, frame):
             _drain_thread_cpu()
             source = getattr(timer, "elapsed_source", None)
             hot_calls = getattr(timer, "hot_calls", None)
+            stream_calls = getattr(timer, "stream_calls", None)
             anchor_events = getattr(timer, "anchor_events_made", None)
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
-                json.dump(dict(_GC, t=time.time(), elapsed_source=source, hot_calls=hot_calls,
+                json.dump(dict(_GC, t=time.time(), elapsed_source=source, hot_calls=hot_calls, stream_calls=stream_calls,
                                anchor_events=anchor_events, probe_file=probe_file,
                                self_ns=list(_SELF) if _SELF_ON else None,
                                self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None,

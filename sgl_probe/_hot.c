@@ -1442,6 +1442,8 @@ typedef struct {
        anchor, which every phase of ~100 ms of steps maps through. */
     PyObject *last_read;
     void *last_read_handle;
+    /* This timer's entry in the watched timer dicts (timer_call), or -1. */
+    int watch_slot;
 } CudaFastObject;
 
 /* The kept objects in field order (last_end ... raw_stream), and the attribute each comes from
@@ -1527,6 +1529,113 @@ evh_free(CudaFastObject *f)
     PyMem_Free(t);
 }
 
+/* The timers' instance dicts (their ``state``) last seen to hold their C half's own start and stop
+   (timer_call). Where CPython can watch a dict (3.12+), that answer is kept until the dict changes,
+   so a phase's start and end call the C half without looking the name up in a cache-cold dict and
+   checking what it found, twice a phase; any change to the dict (a method replaced, or any other
+   attribute set) drops it, and the next call looks again. Slots are borrowed: a timer's C half
+   gives its own back when it goes, a dict's deallocation clears its own. */
+#define TIMER_SLOTS 8
+#ifdef CLOCK_WATCH
+static int timer_watcher = -1;
+static PyObject *timer_dicts[TIMER_SLOTS];
+static int timer_methods_ok[TIMER_SLOTS];
+
+static int
+timer_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
+{
+    (void)key;
+    (void)new_value;
+    for (int i = 0; i < TIMER_SLOTS; i++)
+        if (timer_dicts[i] == dict) {
+            timer_methods_ok[i] = 0;
+            if (event == PyDict_EVENT_DEALLOCATED)
+                timer_dicts[i] = NULL;
+        }
+    return 0;
+}
+#endif
+
+/* f's start and stop, as the attribute machinery finds them on its timer, are still its own C
+   methods, known without a look-up (a watched dict that has not changed since they were). */
+static inline int
+fast_methods_known(CudaFastObject *f)
+{
+#ifdef CLOCK_WATCH
+    int slot = f->watch_slot;
+    return slot >= 0 && timer_dicts[slot] == f->state && timer_methods_ok[slot];
+#else
+    (void)f;
+    return 0;
+#endif
+}
+
+static PyObject *fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs);
+
+#ifdef CLOCK_WATCH
+static int
+fast_is_own(CudaFastObject *f, PyObject *m, PyCFunction meth)
+{
+    return m != NULL && PyCFunction_Check(m) && PyCFunction_GET_SELF(m) == (PyObject *)f &&
+           PyCFunction_GET_FUNCTION(m) == meth;
+}
+#endif
+
+/* Both of f's methods were just found in its state: remember that, watching the dict from now on. */
+static void
+fast_methods_seen(CudaFastObject *f)
+{
+#ifdef CLOCK_WATCH
+    if (timer_watcher < 0)
+        return;
+    PyObject *a = PyDict_GetItemWithError(f->state, s_start);
+    PyObject *b = a == NULL ? NULL : PyDict_GetItemWithError(f->state, s_stop);
+    if (!fast_is_own(f, a, (PyCFunction)(void (*)(void))fast_start) ||
+        !fast_is_own(f, b, (PyCFunction)(void (*)(void))fast_stop)) {
+        PyErr_Clear();
+        return;
+    }
+    int slot = f->watch_slot;
+    if (slot < 0 || timer_dicts[slot] != f->state) {
+        slot = -1;
+        for (int i = 0; i < TIMER_SLOTS && slot < 0; i++)
+            if (timer_dicts[i] == NULL) {
+                if (PyDict_Watch(timer_watcher, f->state) < 0) {
+                    PyErr_Clear();
+                    return;
+                }
+                timer_dicts[i] = f->state;
+                slot = i;
+            }
+        if (slot < 0)
+            return; /* all taken: this timer's methods are looked up every time, as before */
+        f->watch_slot = slot;
+    }
+    timer_methods_ok[slot] = 1;
+#else
+    (void)f;
+#endif
+}
+
+/* Gives f's slot back (its state about to be let go). */
+static void
+fast_unwatch(CudaFastObject *f)
+{
+#ifdef CLOCK_WATCH
+    int slot = f->watch_slot;
+    f->watch_slot = -1;
+    if (slot >= 0 && f->state != NULL && timer_dicts[slot] == f->state) {
+        if (PyDict_Unwatch(timer_watcher, f->state) < 0)
+            PyErr_Clear();
+        timer_dicts[slot] = NULL;
+        timer_methods_ok[slot] = 0;
+    }
+#else
+    (void)f;
+#endif
+}
+
 static int
 fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
 {
@@ -1546,6 +1655,7 @@ fast_traverse(CudaFastObject *f, visitproc visit, void *arg)
 static int
 fast_clear(CudaFastObject *f)
 {
+    fast_unwatch(f);
     Py_CLEAR(f->timer);
     Py_CLEAR(f->state);
     Py_CLEAR(f->on_fail);
@@ -1663,6 +1773,7 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->last_read = NULL;
     f->last_read_handle = NULL;
     f->get_stream = (current_stream_fn)get_stream;
+    f->watch_slot = -1;
     f->last_sh = NULL;
     f->last_hit = NULL;
     f->timer = Py_NewRef(timer);
@@ -2762,6 +2873,12 @@ fast_runtime_get(CudaFastObject *f, void *closure)
 }
 
 static PyObject *
+fast_methods_known_get(CudaFastObject *f, void *closure)
+{
+    return PyBool_FromLong(fast_methods_known(f));
+}
+
+static PyObject *
 fast_stream_c_get(CudaFastObject *f, void *closure)
 {
     return PyBool_FromLong(f->get_stream != NULL);
@@ -2866,6 +2983,8 @@ static PyGetSetDef fast_getset[] = {
     {"raw_stream", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._raw_stream", (void *)KEPT_RAW_STREAM},
     {"chain", (getter)fast_chain_get, (setter)fast_chain_set, "CudaTimer._chain", NULL},
     {"runtime", (getter)fast_runtime_get, NULL, "whether stop() calls the CUDA runtime itself", NULL},
+    {"methods_known", (getter)fast_methods_known_get, NULL,
+     "whether start / stop are known to be this object's own without a look-up (a watched dict)", NULL},
     {"stream_c", (getter)fast_stream_c_get, NULL, "whether the current stream comes from torch's C entry point", NULL},
     {"handles_kept", (getter)fast_handles_kept_get, NULL, "how many events' raw handles are kept", NULL},
     {NULL},
@@ -2929,6 +3048,11 @@ timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n)
         return NULL;
     }
     if (f != NULL) {
+        if (fast_methods_known(f) && (name == s_start || name == s_stop)) {
+            PyObject *r = name == s_start ? fast_start(f, args, n) : fast_stop(f, args, n);
+            Py_DECREF(timer);
+            return r;
+        }
         PyObject *m = PyDict_GetItemWithError(f->state, name);
         if (m != NULL && PyCFunction_Check(m) && PyCFunction_GET_SELF(m) == (PyObject *)f) {
             PyCFunction meth = PyCFunction_GET_FUNCTION(m);
@@ -2939,6 +3063,8 @@ timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n)
                 r = fast_stop(f, args, n);
             else
                 goto generic;
+            if (r != NULL)
+                fast_methods_seen(f);
             Py_DECREF(timer);
             return r;
         }
@@ -3895,6 +4021,8 @@ PyInit__hot(void)
 #ifdef CLOCK_WATCH
     if ((clock_watcher = PyDict_AddWatcher(clock_dict_changed)) < 0)
         PyErr_Clear(); /* none free: the clock is looked up on every read, as before 3.12 */
+    if ((timer_watcher = PyDict_AddWatcher(timer_dict_changed)) < 0)
+        PyErr_Clear(); /* none free: the timer's methods are looked up on every call */
 #endif
     PyTypeObject *types[] = {&PhaseRecordType, &StepRecordType, &StepHookType, &PhaseHookType, &MarkHookType,
                              &CudaFastType};

@@ -1155,6 +1155,58 @@ def test_the_phase_wrapper_calls_the_cuda_timers_c_half_and_follows_a_replaced_m
     assert any(c[0] == "record" for c in rt2.calls)
 
 
+def _put_stop(timer, fn):  # one store site, run often enough for CPython to specialize it
+    timer.stop = fn
+
+
+def test_the_timers_methods_are_known_without_a_look_up_until_its_dict_changes(hot, monkeypatch):
+    """Where CPython can watch a dict (3.12+), the C half's start and stop, once found in the timer's
+    instance dict, are called without looking again until that dict changes: a stop replaced (from
+    a specialized store too), any other attribute set, are each seen by the next phase; a timer's C
+    half gives its watch back when it goes. Before 3.12 every call looks."""
+    import sys
+
+    watching = sys.version_info >= (3, 12)
+    ft, rt, timer = _runtime_timer(hot, monkeypatch)
+    rec = Recorder("cuda", 10_000, LOG, "c")
+    rec.timer = timer
+    fwd = rec.phase_method(Hook(FORWARD), lambda w, b: None)
+    step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+    batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
+    step(None, batch)
+    assert timer._c.methods_known is watching
+    own = timer._c.stop
+    for i in range(60):
+        _put_stop(timer, lambda token, now, i=i: ("replaced", i))
+        assert not timer._c.methods_known
+        step(None, batch)
+        assert rec.steps[-1].phases[0].t_end == ("replaced", i)
+        _put_stop(timer, own)
+        step(None, batch)
+        assert rec.steps[-1].phases[0].t_end[0] in ft.handles.values()
+        assert timer._c.methods_known is watching
+    timer.unrelated = 1
+    assert not timer._c.methods_known
+    step(None, batch)
+    assert timer._c.methods_known is watching
+    del rec, fwd, step
+    # More timers than there are watch slots, one after another, each C half let go while its
+    # timer's dict lives on: each gives its slot back.
+    dicts = []
+    for _ in range(3 * 8):
+        _, _, other = _runtime_timer(hot, monkeypatch)
+        r = Recorder("cuda", 100, LOG, "c")
+        r.timer = other
+        f = r.phase_method(Hook(FORWARD), lambda w, b: None)
+        r.step_method(Hook(STEP), lambda s, b: f(None, b))(None, batch)
+        assert other._c.methods_known is watching
+        dicts.append(vars(other))
+        for name in ("_c", "start", "stop"):
+            dicts[-1].pop(name)
+        del other, r, f
+        gc.collect()
+
+
 def test_the_recorders_per_step_attributes_are_slots_and_any_other_kind_is_read_as_python_does(hot):
     """The C wrappers read ``timer``, ``step_count`` and ``max_pending`` from the recorder's slots
     (and write the count there); a recorder class that makes any of them a property is read and

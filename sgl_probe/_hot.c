@@ -1442,7 +1442,7 @@ typedef struct {
        anchor, which every phase of ~100 ms of steps maps through. */
     PyObject *last_read;
     void *last_read_handle;
-    /* This timer's entry in the watched timer dicts (timer_call), or -1. */
+    /* This timer's entry in the watched timer dicts (timer_call); -1 none yet, -2 none was free. */
     int watch_slot;
 } CudaFastObject;
 
@@ -1533,13 +1533,15 @@ evh_free(CudaFastObject *f)
    (timer_call). Where CPython can watch a dict (3.12+), that answer is kept until the dict changes,
    so a phase's start and end call the C half without looking the name up in a cache-cold dict and
    checking what it found, twice a phase; any change to the dict (a method replaced, or any other
-   attribute set) drops it, and the next call looks again. Slots are borrowed: a timer's C half
-   gives its own back when it goes, a dict's deallocation clears its own. */
+   attribute set) drops it, and the next call through the C half looks again (once: where one of
+   the two is not its own, the answer is kept until the dict changes too). Slots are borrowed: a
+   timer's C half gives its own back when it goes, a dict's deallocation clears its own. */
 #define TIMER_SLOTS 8
+enum { METHODS_STALE = 0, METHODS_OWN = 1, METHODS_OTHER = 2 };
 #ifdef CLOCK_WATCH
 static int timer_watcher = -1;
 static PyObject *timer_dicts[TIMER_SLOTS];
-static int timer_methods_ok[TIMER_SLOTS];
+static int timer_methods_ok[TIMER_SLOTS]; /* METHODS_* */
 
 static int
 timer_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
@@ -1548,7 +1550,7 @@ timer_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObj
     (void)new_value;
     for (int i = 0; i < TIMER_SLOTS; i++)
         if (timer_dicts[i] == dict) {
-            timer_methods_ok[i] = 0;
+            timer_methods_ok[i] = METHODS_STALE;
             if (event == PyDict_EVENT_DEALLOCATED)
                 timer_dicts[i] = NULL;
         }
@@ -1563,7 +1565,23 @@ fast_methods_known(CudaFastObject *f)
 {
 #ifdef CLOCK_WATCH
     int slot = f->watch_slot;
-    return slot >= 0 && timer_dicts[slot] == f->state && timer_methods_ok[slot];
+    return slot >= 0 && timer_dicts[slot] == f->state && timer_methods_ok[slot] == METHODS_OWN;
+#else
+    (void)f;
+    return 0;
+#endif
+}
+
+/* Whether fast_methods_seen has anything to find out: a watched dict changed since it last looked,
+   or none is watched yet (and a slot may be free). */
+static inline int
+fast_methods_stale(CudaFastObject *f)
+{
+#ifdef CLOCK_WATCH
+    int slot = f->watch_slot;
+    if (slot == -2 || timer_watcher < 0)
+        return 0;
+    return slot < 0 || timer_dicts[slot] != f->state || timer_methods_ok[slot] == METHODS_STALE;
 #else
     (void)f;
     return 0;
@@ -1582,20 +1600,17 @@ fast_is_own(CudaFastObject *f, PyObject *m, PyCFunction meth)
 }
 #endif
 
-/* Both of f's methods were just found in its state: remember that, watching the dict from now on. */
+/* Whether both of f's methods in its state are its own, remembered (METHODS_OWN or METHODS_OTHER)
+   while the dict is watched from now on. */
 static void
 fast_methods_seen(CudaFastObject *f)
 {
 #ifdef CLOCK_WATCH
-    if (timer_watcher < 0)
-        return;
     PyObject *a = PyDict_GetItemWithError(f->state, s_start);
     PyObject *b = a == NULL ? NULL : PyDict_GetItemWithError(f->state, s_stop);
-    if (!fast_is_own(f, a, (PyCFunction)(void (*)(void))fast_start) ||
-        !fast_is_own(f, b, (PyCFunction)(void (*)(void))fast_stop)) {
-        PyErr_Clear();
-        return;
-    }
+    int own = fast_is_own(f, a, (PyCFunction)(void (*)(void))fast_start) &&
+              fast_is_own(f, b, (PyCFunction)(void (*)(void))fast_stop);
+    PyErr_Clear();
     int slot = f->watch_slot;
     if (slot < 0 || timer_dicts[slot] != f->state) {
         slot = -1;
@@ -1603,16 +1618,19 @@ fast_methods_seen(CudaFastObject *f)
             if (timer_dicts[i] == NULL) {
                 if (PyDict_Watch(timer_watcher, f->state) < 0) {
                     PyErr_Clear();
+                    f->watch_slot = -2;
                     return;
                 }
                 timer_dicts[i] = f->state;
                 slot = i;
             }
-        if (slot < 0)
-            return; /* all taken: this timer's methods are looked up every time, as before */
+        if (slot < 0) { /* all taken: this timer's methods are looked up every time, as before */
+            f->watch_slot = -2;
+            return;
+        }
         f->watch_slot = slot;
     }
-    timer_methods_ok[slot] = 1;
+    timer_methods_ok[slot] = own ? METHODS_OWN : METHODS_OTHER;
 #else
     (void)f;
 #endif
@@ -1629,7 +1647,7 @@ fast_unwatch(CudaFastObject *f)
         if (PyDict_Unwatch(timer_watcher, f->state) < 0)
             PyErr_Clear();
         timer_dicts[slot] = NULL;
-        timer_methods_ok[slot] = 0;
+        timer_methods_ok[slot] = METHODS_STALE;
     }
 #else
     (void)f;
@@ -3063,7 +3081,7 @@ timer_call(HookObject *h, PyObject *name, PyObject *const *args, Py_ssize_t n)
                 r = fast_stop(f, args, n);
             else
                 goto generic;
-            if (r != NULL)
+            if (r != NULL && fast_methods_stale(f))
                 fast_methods_seen(f);
             Py_DECREF(timer);
             return r;

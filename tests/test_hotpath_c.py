@@ -633,7 +633,8 @@ def test_torchs_stream_entry_is_taken_only_where_its_header_and_its_answer_agree
     entry = _StreamEntry(lambda: 0x4242)
     lib = NS(aoti_torch_get_current_cuda_stream=entry._fn)
     monkeypatch.setattr(timing, "_loaded_library", lambda name: lib if name == "libtorch_cuda.so" else None)
-    new_order = "AOTI_TORCH_EXPORT AOTITorchError\naoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);\n"
+    new_order = ("AOTI_TORCH_EXPORT AOTITorchError\n"
+                 "aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);\n")
     old_order = "AOTITorchError aoti_torch_get_current_cuda_stream(\n    void** ret,\n    int32_t device_index);\n"
 
     assert timing._torch_stream_entry(torch_mod, lambda d: 0x4242) is None  # no header

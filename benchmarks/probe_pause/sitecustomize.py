@@ -137,8 +137,8 @@ def _flip(signum, frame):
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
-                json.dump(dict(_GC, t=time.time(), elapsed_source=source, hot_calls=hot_calls, stream_calls=stream_calls,
-                               anchor_events=anchor_events, probe_file=probe_file,
+                json.dump(dict(_GC, t=time.time(), elapsed_source=source, hot_calls=hot_calls,
+                               stream_calls=stream_calls, anchor_events=anchor_events, probe_file=probe_file,
                                self_ns=list(_SELF) if _SELF_ON else None,
                                self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None,
                                self_timer_calls={k: list(v) for k, v in _CALLS.items()} if _SELF_ON else None,

@@ -499,58 +499,70 @@ hook_descr_get(PyObject *self, PyObject *obj, PyObject *type)
     return PyMethod_New(self, obj);
 }
 
-/* The clock namespaces (the recorder module's globals, which tests patch) whose
-   ``perf_counter_ns`` was last seen to be time.perf_counter_ns. Where CPython can watch a dict
-   (3.12+), that answer is kept until the dict changes, so a clock read does not look the name up
-   in a cache-cold module dict each time; any change to the dict (a patched clock included) drops
-   it, and the next read looks again. Slots are borrowed: a dict's deallocation clears its own. */
-#define CLOCK_SLOTS 8
+/* Dicts an answer was read from, kept until the dict changes (CPython 3.12+ can watch a dict): the
+   clock namespaces (the recorder module's globals, which tests patch) whose ``perf_counter_ns`` was
+   seen to be time.perf_counter_ns, so a clock read does not look the name up in a cache-cold module
+   dict each time; the CUDA timers' instance dicts seen to hold their C half's own start and stop
+   (timer_call). Any change to a watched dict (a patched clock, a replaced method, any attribute set)
+   sets its slot's answer to WATCH_CHANGED, and the next read looks again. Slots are borrowed: a
+   dict's deallocation clears its own, a timer's C half gives its own back when it goes. */
+#define WATCH_SLOTS 16
+enum { WATCH_CHANGED = 0 };
 #if PY_VERSION_HEX >= 0x030C0000
-#define CLOCK_WATCH 1
-static int clock_watcher = -1;
-static PyObject *clock_dicts[CLOCK_SLOTS];
-static int clock_is_default[CLOCK_SLOTS];
+#define DICT_WATCH 1
+static int dict_watcher = -1;
+static PyObject *watched_dicts[WATCH_SLOTS];
+static int watched_answer[WATCH_SLOTS]; /* WATCH_CHANGED, or what its user last found there */
 
 static int
-clock_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
+watched_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
 {
     (void)key;
     (void)new_value;
-    for (int i = 0; i < CLOCK_SLOTS; i++)
-        if (clock_dicts[i] == dict) {
-            clock_is_default[i] = 0;
+    for (int i = 0; i < WATCH_SLOTS; i++)
+        if (watched_dicts[i] == dict) {
+            watched_answer[i] = WATCH_CHANGED;
             if (event == PyDict_EVENT_DEALLOCATED)
-                clock_dicts[i] = NULL;
+                watched_dicts[i] = NULL;
         }
     return 0;
+}
+
+/* The slot watching ``dict``: the one that does already, else a free one (the dict watched from
+   now on, its answer WATCH_CHANGED); -1 where none is free or CPython refused the watch. */
+static int
+watch_slot(PyObject *dict)
+{
+    for (int i = 0; i < WATCH_SLOTS; i++)
+        if (watched_dicts[i] == dict)
+            return i;
+    for (int i = 0; i < WATCH_SLOTS; i++)
+        if (watched_dicts[i] == NULL) {
+            if (PyDict_Watch(dict_watcher, dict) < 0) {
+                PyErr_Clear();
+                return -1;
+            }
+            watched_dicts[i] = dict;
+            watched_answer[i] = WATCH_CHANGED;
+            return i;
+        }
+    return -1;
 }
 
 /* h's namespace holds time.perf_counter_ns: remember it (watching the dict from now on). */
 static void
 clock_seen_default(HookObject *h)
 {
-    if (clock_watcher < 0)
+    if (dict_watcher < 0)
         return;
     int slot = h->clock_slot;
-    if (slot < 0 || clock_dicts[slot] != h->clock_from) {
-        slot = -1;
-        for (int i = 0; i < CLOCK_SLOTS && slot < 0; i++)
-            if (clock_dicts[i] == h->clock_from)
-                slot = i;
-        for (int i = 0; i < CLOCK_SLOTS && slot < 0; i++)
-            if (clock_dicts[i] == NULL) {
-                if (PyDict_Watch(clock_watcher, h->clock_from) < 0) {
-                    PyErr_Clear();
-                    return;
-                }
-                clock_dicts[i] = h->clock_from;
-                slot = i;
-            }
+    if (slot < 0 || watched_dicts[slot] != h->clock_from) {
+        slot = watch_slot(h->clock_from);
         if (slot < 0)
             return; /* all taken: this namespace is looked up every time, as before */
         h->clock_slot = slot;
     }
-    clock_is_default[slot] = 1;
+    watched_answer[slot] = 1; /* holds time.perf_counter_ns */
 }
 #endif
 
@@ -559,13 +571,13 @@ clock_seen_default(HookObject *h)
 static PyObject *
 now_ns(HookObject *h)
 {
-#ifdef CLOCK_WATCH
-    if (h->clock_slot >= 0 && clock_is_default[h->clock_slot] && clock_dicts[h->clock_slot] == h->clock_from)
+#ifdef DICT_WATCH
+    if (h->clock_slot >= 0 && watched_answer[h->clock_slot] && watched_dicts[h->clock_slot] == h->clock_from)
         return clock_ns();
 #endif
     PyObject *fn = PyDict_GetItemWithError(h->clock_from, s_perf_counter_ns);
     if (fn == perf_counter_ns) {
-#ifdef CLOCK_WATCH
+#ifdef DICT_WATCH
         clock_seen_default(h);
 #endif
         return clock_ns();
@@ -1529,43 +1541,20 @@ evh_free(CudaFastObject *f)
     PyMem_Free(t);
 }
 
-/* The timers' instance dicts (their ``state``) last seen to hold their C half's own start and stop
-   (timer_call). Where CPython can watch a dict (3.12+), that answer is kept until the dict changes,
-   so a phase's start and end call the C half without looking the name up in a cache-cold dict and
-   checking what it found, twice a phase; any change to the dict (a method replaced, or any other
-   attribute set) drops it, and the next call through the C half looks again (once: where one of
-   the two is not its own, the answer is kept until the dict changes too). Slots are borrowed: a
-   timer's C half gives its own back when it goes, a dict's deallocation clears its own. */
-#define TIMER_SLOTS 8
-enum { METHODS_STALE = 0, METHODS_OWN = 1, METHODS_OTHER = 2 };
-#ifdef CLOCK_WATCH
-static int timer_watcher = -1;
-static PyObject *timer_dicts[TIMER_SLOTS];
-static int timer_methods_ok[TIMER_SLOTS]; /* METHODS_* */
-
-static int
-timer_dict_changed(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
-{
-    (void)key;
-    (void)new_value;
-    for (int i = 0; i < TIMER_SLOTS; i++)
-        if (timer_dicts[i] == dict) {
-            timer_methods_ok[i] = METHODS_STALE;
-            if (event == PyDict_EVENT_DEALLOCATED)
-                timer_dicts[i] = NULL;
-        }
-    return 0;
-}
-#endif
+/* A timer's answer in its watched dict (see watch_slot): a phase's start and end call the C half
+   without looking the name up in a cache-cold dict and checking what it found, twice a phase, while
+   its start and stop are known to be its own; where one of the two is not, the answer is kept too,
+   and the next call through the C half looks again only once the dict changed. */
+enum { METHODS_STALE = WATCH_CHANGED, METHODS_OWN = 1, METHODS_OTHER = 2 };
 
 /* f's start and stop, as the attribute machinery finds them on its timer, are still its own C
    methods, known without a look-up (a watched dict that has not changed since they were). */
 static inline int
 fast_methods_known(CudaFastObject *f)
 {
-#ifdef CLOCK_WATCH
+#ifdef DICT_WATCH
     int slot = f->watch_slot;
-    return slot >= 0 && timer_dicts[slot] == f->state && timer_methods_ok[slot] == METHODS_OWN;
+    return slot >= 0 && watched_dicts[slot] == f->state && watched_answer[slot] == METHODS_OWN;
 #else
     (void)f;
     return 0;
@@ -1577,11 +1566,11 @@ fast_methods_known(CudaFastObject *f)
 static inline int
 fast_methods_stale(CudaFastObject *f)
 {
-#ifdef CLOCK_WATCH
+#ifdef DICT_WATCH
     int slot = f->watch_slot;
-    if (slot == -2 || timer_watcher < 0)
+    if (slot == -2 || dict_watcher < 0)
         return 0;
-    return slot < 0 || timer_dicts[slot] != f->state || timer_methods_ok[slot] == METHODS_STALE;
+    return slot < 0 || watched_dicts[slot] != f->state || watched_answer[slot] == METHODS_STALE;
 #else
     (void)f;
     return 0;
@@ -1591,7 +1580,7 @@ fast_methods_stale(CudaFastObject *f)
 static PyObject *fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs);
 
-#ifdef CLOCK_WATCH
+#ifdef DICT_WATCH
 static int
 fast_is_own(CudaFastObject *f, PyObject *m, PyCFunction meth)
 {
@@ -1605,32 +1594,22 @@ fast_is_own(CudaFastObject *f, PyObject *m, PyCFunction meth)
 static void
 fast_methods_seen(CudaFastObject *f)
 {
-#ifdef CLOCK_WATCH
+#ifdef DICT_WATCH
     PyObject *a = PyDict_GetItemWithError(f->state, s_start);
     PyObject *b = a == NULL ? NULL : PyDict_GetItemWithError(f->state, s_stop);
     int own = fast_is_own(f, a, (PyCFunction)(void (*)(void))fast_start) &&
               fast_is_own(f, b, (PyCFunction)(void (*)(void))fast_stop);
     PyErr_Clear();
     int slot = f->watch_slot;
-    if (slot < 0 || timer_dicts[slot] != f->state) {
-        slot = -1;
-        for (int i = 0; i < TIMER_SLOTS && slot < 0; i++)
-            if (timer_dicts[i] == NULL) {
-                if (PyDict_Watch(timer_watcher, f->state) < 0) {
-                    PyErr_Clear();
-                    f->watch_slot = -2;
-                    return;
-                }
-                timer_dicts[i] = f->state;
-                slot = i;
-            }
+    if (slot < 0 || watched_dicts[slot] != f->state) {
+        slot = watch_slot(f->state);
         if (slot < 0) { /* all taken: this timer's methods are looked up every time, as before */
             f->watch_slot = -2;
             return;
         }
         f->watch_slot = slot;
     }
-    timer_methods_ok[slot] = own ? METHODS_OWN : METHODS_OTHER;
+    watched_answer[slot] = own ? METHODS_OWN : METHODS_OTHER;
 #else
     (void)f;
 #endif
@@ -1640,14 +1619,14 @@ fast_methods_seen(CudaFastObject *f)
 static void
 fast_unwatch(CudaFastObject *f)
 {
-#ifdef CLOCK_WATCH
+#ifdef DICT_WATCH
     int slot = f->watch_slot;
     f->watch_slot = -1;
-    if (slot >= 0 && f->state != NULL && timer_dicts[slot] == f->state) {
-        if (PyDict_Unwatch(timer_watcher, f->state) < 0)
+    if (slot >= 0 && f->state != NULL && watched_dicts[slot] == f->state) {
+        if (PyDict_Unwatch(dict_watcher, f->state) < 0)
             PyErr_Clear();
-        timer_dicts[slot] = NULL;
-        timer_methods_ok[slot] = METHODS_STALE;
+        watched_dicts[slot] = NULL;
+        watched_answer[slot] = WATCH_CHANGED;
     }
 #else
     (void)f;
@@ -4036,11 +4015,9 @@ PyInit__hot(void)
     Py_DECREF(time_mod);
     if (perf_counter_ns == NULL)
         return NULL;
-#ifdef CLOCK_WATCH
-    if ((clock_watcher = PyDict_AddWatcher(clock_dict_changed)) < 0)
-        PyErr_Clear(); /* none free: the clock is looked up on every read, as before 3.12 */
-    if ((timer_watcher = PyDict_AddWatcher(timer_dict_changed)) < 0)
-        PyErr_Clear(); /* none free: the timer's methods are looked up on every call */
+#ifdef DICT_WATCH
+    if ((dict_watcher = PyDict_AddWatcher(watched_dict_changed)) < 0)
+        PyErr_Clear(); /* none free: the clock and the timers' methods are looked up every time */
 #endif
     PyTypeObject *types[] = {&PhaseRecordType, &StepRecordType, &StepHookType, &PhaseHookType, &MarkHookType,
                              &CudaFastType};

@@ -1117,15 +1117,20 @@ def test_values_the_c_wrappers_keep_follow_a_change(hot, monkeypatch):
     assert timer.stop(timer.start(t + 10), t + 15)[0] is mine
 
 
+def _cuda_steps(timer, max_pending: int = 100) -> tuple:
+    """A recorder over ``timer`` and its C step wrapper around one decode phase's wrapper."""
+    rec = Recorder("cuda", max_pending, LOG, "c")
+    rec.timer = timer
+    fwd = rec.phase_method(Hook(FORWARD), lambda w, b: None)
+    return rec, rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+
+
 def test_the_phase_wrapper_calls_the_cuda_timers_c_half_and_follows_a_replaced_method(hot, monkeypatch):
     """With the CUDA timer's C half (``timer._c``) the phase wrapper calls its start and stop
     directly; a stop replaced on the timer's instance, the class's method put back, and another
     timer swapped in are each what the next call runs."""
     ft, rt, timer = _runtime_timer(hot, monkeypatch)
-    rec = Recorder("cuda", 100, LOG, "c")
-    rec.timer = timer
-    fwd = rec.phase_method(Hook(FORWARD), lambda w, b: None)
-    step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+    rec, step = _cuda_steps(timer)
     batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
     mine = ft.cuda.Event(enable_timing=True)
     step(None, batch)
@@ -1169,10 +1174,7 @@ def test_the_timers_methods_are_known_without_a_look_up_until_its_dict_changes(h
 
     watching = sys.version_info >= (3, 12)
     ft, rt, timer = _runtime_timer(hot, monkeypatch)
-    rec = Recorder("cuda", 10_000, LOG, "c")
-    rec.timer = timer
-    fwd = rec.phase_method(Hook(FORWARD), lambda w, b: None)
-    step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+    rec, step = _cuda_steps(timer, 10_000)
     batch = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
     step(None, batch)
     assert timer._c.methods_known is watching
@@ -1190,21 +1192,19 @@ def test_the_timers_methods_are_known_without_a_look_up_until_its_dict_changes(h
     assert not timer._c.methods_known
     step(None, batch)
     assert timer._c.methods_known is watching
-    del rec, fwd, step
+    del rec, step
     # More timers than there are watch slots, one after another, each C half let go while its
     # timer's dict lives on: each gives its slot back.
     dicts = []
     for _ in range(3 * 8):
         _, _, other = _runtime_timer(hot, monkeypatch)
-        r = Recorder("cuda", 100, LOG, "c")
-        r.timer = other
-        f = r.phase_method(Hook(FORWARD), lambda w, b: None)
-        r.step_method(Hook(STEP), lambda s, b: f(None, b))(None, batch)
+        r, other_step = _cuda_steps(other)
+        other_step(None, batch)
         assert other._c.methods_known is watching
         dicts.append(vars(other))
         for name in ("_c", "start", "stop"):
             dicts[-1].pop(name)
-        del other, r, f
+        del other, r, other_step
         gc.collect()
 
 

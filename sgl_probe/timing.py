@@ -398,9 +398,9 @@ class CudaTimer:
     def stream_calls(self) -> str:
         """Where the C half's phase end reads the current stream from: ``torch_c`` (torch's C entry
         point), ``torch_raw`` (torch's Python call for the raw handle) or ``torch`` (the full look-up)."""
-        if self._c is not None and self._c.runtime and self._c.stream_c:
-            return "torch_c"
-        return "torch_raw" if self._c is not None and self._c.runtime and self._raw_stream is not None else "torch"
+        if self._c is None or not self._c.runtime:
+            return "torch"
+        return "torch_c" if self._c.stream_c else "torch_raw" if self._raw_stream is not None else "torch"
 
     @staticmethod
     def _runtime_failed(what: str) -> None:

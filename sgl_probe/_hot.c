@@ -26,6 +26,7 @@ static PyObject *s__capturing, *s__stream_key, *s__raw_stream, *s__streams, *s__
 static PyObject *s_is_verify;
 static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__returned, *s__offset,
     *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
+static PyObject *s_torch, *s_Tensor, *s__C, *s_TensorBase;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
     *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_anchor_busy, *s_last_end,
@@ -453,6 +454,11 @@ typedef struct {
     /* The recorder's timer last seen by timer_call and its C half (a CudaFast), held; None before
        the first, or for a timer without one. */
     PyObject *timer_seen, *fast_seen;
+    /* torch.Tensor, held, where its base torch._C.TensorBase has a C length (tensor_rows); None
+       otherwise or before the first read. */
+    PyObject *tensor_type;
+    lenfunc tensor_len;
+    int tensor_checked;
     int leave_attr;
     /* Where ``hook.enabled`` lives when the hook's class keeps it in a slot (instrument.Hook's
        ``__slots__``): read there directly instead of through the attribute machinery (the type's
@@ -467,7 +473,7 @@ typedef struct {
     int mark;      /* MarkHook: MARK_GRAPH or MARK_LAUNCH */
 } HookObject;
 
-#define N_HOOK_OBJS 19
+#define N_HOOK_OBJS 20
 enum { FAST_NONE = 0, FAST_STEP = 1, FAST_FORWARD = 2 };
 enum { MARK_GRAPH = 1, MARK_LAUNCH = 2 };
 #define HOOK_OBJS(h) (&(h)->dict)
@@ -762,6 +768,44 @@ getattr_maybe(PyObject *obj, PyObject *name)
     return v;
 }
 
+/* The first dimension of SGLang's sequence lengths where they are a plain torch.Tensor, from
+   torch._C.TensorBase's own C length: ``seq_lens.shape`` builds a torch.Size (freed at once) on
+   every call, and torch.Tensor's own __len__ is Python code. The base's length is the shape's first
+   item for a tensor of one or more dimensions (0 for a 0-d one, which, as an empty batch, takes the
+   shape's way); a subclass may answer otherwise and takes it too. Which type is torch.Tensor is
+   settled at the hook's first read, from the torch this process has imported (none: never).
+   > 0: the rows; 0: ask the shape. */
+static Py_ssize_t
+tensor_rows(HookObject *h, PyObject *seq)
+{
+    if (!h->tensor_checked) {
+        h->tensor_checked = 1;
+        /* Any error on the way: a torch without them, the shape's way as before. */
+        PyObject *torch = PyImport_GetModule(s_torch), *tensor = NULL, *c = NULL, *base = NULL;
+        if (torch != NULL && (tensor = getattr_maybe(torch, s_Tensor)) != NULL && (c = getattr_maybe(torch, s__C)) != NULL)
+            base = getattr_maybe(c, s_TensorBase);
+        PyErr_Clear();
+        if (tensor != NULL && base != NULL && PyType_Check(tensor) && PyType_Check(base) &&
+            ((PyTypeObject *)tensor)->tp_base == (PyTypeObject *)base &&
+            ((PyTypeObject *)base)->tp_as_mapping != NULL && ((PyTypeObject *)base)->tp_as_mapping->mp_length != NULL) {
+            h->tensor_len = ((PyTypeObject *)base)->tp_as_mapping->mp_length;
+            Py_SETREF(h->tensor_type, Py_NewRef(tensor));
+        }
+        Py_XDECREF(torch);
+        Py_XDECREF(tensor);
+        Py_XDECREF(c);
+        Py_XDECREF(base);
+    }
+    if (h->tensor_len == NULL || (PyObject *)Py_TYPE(seq) != h->tensor_type)
+        return 0;
+    Py_ssize_t n = h->tensor_len(seq);
+    if (n < 0) {
+        PyErr_Clear(); /* the shape's way says what it says */
+        return 0;
+    }
+    return n;
+}
+
 /* readers.step / readers.forward for what SGLang passes on every decode step: the batch first, a
    ForwardMode member the Python reader has already named (readers._MODE_NAMES), sequence lengths
    with a ``shape``; and for ``forward`` a mode whose phase is known (readers._PHASE_OF)
@@ -798,15 +842,27 @@ read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     }
     Py_DECREF(fm);
     PyObject *seq = getattr_maybe(batch, s_seq_lens);
-    PyObject *shape = seq == NULL ? NULL : getattr_maybe(seq, s_shape);
-    Py_XDECREF(seq);
-    if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) {
-        Py_XDECREF(key);
-        Py_XDECREF(shape);
-        return PyErr_Occurred() ? -1 : 0;
+    Py_ssize_t rows = seq == NULL ? 0 : tensor_rows(h, seq);
+    PyObject *bs;
+    if (rows > 0) {
+        Py_DECREF(seq);
+        bs = PyLong_FromSsize_t(rows);
+        if (bs == NULL) {
+            Py_XDECREF(key);
+            return -1;
+        }
     }
-    PyObject *bs = Py_NewRef(PyTuple_GET_ITEM(shape, 0));
-    Py_DECREF(shape);
+    else {
+        PyObject *shape = seq == NULL ? NULL : getattr_maybe(seq, s_shape);
+        Py_XDECREF(seq);
+        if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) == 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(shape);
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        bs = Py_NewRef(PyTuple_GET_ITEM(shape, 0));
+        Py_DECREF(shape);
+    }
     PyObject *hit = h->mode_seen;
     if (key != NULL) {
         hit = PyDict_GetItemWithError(h->mode_names, key); /* (member, name) */
@@ -1292,6 +1348,8 @@ hook_alloc(PyTypeObject *type, vectorcallfunc call, PyObject *tls, PyObject *hoo
     h->fast_read = FAST_NONE;
     h->mark = 0;
     h->clock_slot = -1;
+    h->tensor_len = NULL;
+    h->tensor_checked = 0;
     h->enabled_offset = slot_offset(hook, s_enabled);
     h->timer_offset = slot_offset(rec, s_timer);
     h->count_offset = slot_offset(rec, s_step_count);
@@ -3964,6 +4022,10 @@ PyInit__hot(void)
     INTERN(s_cpu, "cpu");
     INTERN(s_seq_lens, "seq_lens");
     INTERN(s_shape, "shape");
+    INTERN(s_torch, "torch");
+    INTERN(s_Tensor, "Tensor");
+    INTERN(s__C, "_C");
+    INTERN(s_TensorBase, "TensorBase");
     INTERN(s_step, "step");
     INTERN(s_decode, "decode");
     INTERN(s_DECODE, "DECODE");

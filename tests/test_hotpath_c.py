@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import sys
 import time
 import tracemalloc
 from types import SimpleNamespace as NS
@@ -176,6 +177,67 @@ def test_a_full_queue_drops_alike(hot, monkeypatch):
             step(None, b)
         dumps.append((len(rec.steps), [st.index for st in dropped]))
     assert dumps[0] == dumps[1] == (2, [3, 4, 5])
+
+
+class _Rows(list):
+    """Stands in for torch.Tensor over torch._C.TensorBase (here ``list``, whose length is C code
+    too): a ``shape``, and a Python ``__len__`` of its own that the hot path must not call."""
+
+    def __init__(self, n, shape=None, asked=None):
+        super().__init__([0] * n)
+        self._shape, self._asked = (n,) if shape is None else shape, asked
+
+    @property
+    def shape(self):
+        self._asked.append("shape")
+        return self._shape
+
+    def __len__(self):
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")  # as torch's
+        raise AssertionError("torch.Tensor.__len__ is Python code: not on the hot path")
+
+
+class _SubRows(_Rows):
+    """A subclass of the tensor type: its shape decides, whatever the base's length says."""
+
+
+def test_the_c_readers_take_a_plain_tensors_rows_from_torchs_c_length(hot, monkeypatch):
+    """SGLang's sequence lengths are a plain torch.Tensor: the C readers take the batch size from
+    torch._C.TensorBase's own C length, without building ``seq_lens.shape`` or calling torch.Tensor's
+    Python ``__len__``; a subclass, a 0-d tensor, a torch laid out otherwise and no torch at all
+    take the shape's way, and every case gives the records the Python readers give."""
+    torch_ok = NS(Tensor=_Rows, _C=NS(TensorBase=list))
+    cases = [  # (torch in sys.modules, rows, shape, batch size, whether the shape was asked)
+        (torch_ok, 4, None, 4, False),
+        (torch_ok, 1, None, 1, False),
+        (torch_ok, 300, None, 300, False),  # beyond the small ints
+        (torch_ok, 4, (5,), 5, True),  # a subclass (below): its shape
+        (torch_ok, 0, (), 6, True),  # 0-d: the shape is empty, the Python reader asks batch_size()
+        (NS(Tensor=_Rows, _C=NS(TensorBase=dict)), 4, None, 4, True),  # not torch.Tensor's base
+        (NS(Tensor=_Rows), 4, None, 4, True),  # no torch._C
+        (None, 4, None, 4, True),  # torch not imported
+    ]
+    for i, (torch, n, shape, bs, shaped) in enumerate(cases):
+        if torch is None:
+            monkeypatch.delitem(sys.modules, "torch", raising=False)
+        else:
+            monkeypatch.setitem(sys.modules, "torch", torch)
+        dumps, asked = [], []
+        for which in ("python", "c"):
+            rec = Recorder("cpu", 100, LOG, which)
+            rec.timer = CpuTimer()
+            fwd = rec.phase_method(Hook(FORWARD), lambda w, b: NS(can_run_cuda_graph=True))
+            step = rec.step_method(Hook(STEP), lambda s, b: fwd(None, b))
+            asked.clear()
+            kind = _SubRows if shape == (5,) else _Rows
+            b = NS(forward_mode=ForwardMode.DECODE, seq_lens=kind(n, shape, asked), batch_size=lambda: 6)
+            for _ in range(3):  # the type is settled at the first read, then used
+                step(None, b)
+            dumps.append([(st.batch_size, st.num_tokens, [(ph.batch_size, ph.num_tokens) for ph in st.phases])
+                          for st in rec.steps])
+        assert dumps[0] == dumps[1] == [(bs, bs, [(bs, bs)])] * 3, i
+        assert ("shape" in asked) == shaped, (i, asked)
 
 
 def test_the_c_records_are_the_python_records_fields(hot):

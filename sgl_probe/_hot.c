@@ -774,16 +774,23 @@ getattr_maybe(PyObject *obj, PyObject *name)
    item for a tensor of one or more dimensions (0 for a 0-d one, which, as an empty batch, takes the
    shape's way); a subclass may answer otherwise and takes it too. Which type is torch.Tensor is
    settled at the hook's first read, from the torch this process has imported (none: never).
-   > 0: the rows; 0: ask the shape. */
+   > 0: the rows; 0: ask the shape; -1: the probe's own BaseException (a KeyboardInterrupt), which
+   propagates as everywhere in the wrappers. An Exception on the way means the shape's way. */
 static Py_ssize_t
 tensor_rows(HookObject *h, PyObject *seq)
 {
     if (!h->tensor_checked) {
         h->tensor_checked = 1;
-        /* Any error on the way: a torch without them, the shape's way as before. */
         PyObject *torch = PyImport_GetModule(s_torch), *tensor = NULL, *c = NULL, *base = NULL;
         if (torch != NULL && (tensor = getattr_maybe(torch, s_Tensor)) != NULL && (c = getattr_maybe(torch, s__C)) != NULL)
             base = getattr_maybe(c, s_TensorBase);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) {
+            Py_XDECREF(torch);
+            Py_XDECREF(tensor);
+            Py_XDECREF(c);
+            Py_XDECREF(base);
+            return -1;
+        }
         PyErr_Clear();
         if (tensor != NULL && base != NULL && PyType_Check(tensor) && PyType_Check(base) &&
             ((PyTypeObject *)tensor)->tp_base == (PyTypeObject *)base &&
@@ -800,6 +807,8 @@ tensor_rows(HookObject *h, PyObject *seq)
         return 0;
     Py_ssize_t n = h->tensor_len(seq);
     if (n < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
         PyErr_Clear(); /* the shape's way says what it says */
         return 0;
     }
@@ -844,6 +853,11 @@ read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     PyObject *seq = getattr_maybe(batch, s_seq_lens);
     Py_ssize_t rows = seq == NULL ? 0 : tensor_rows(h, seq);
     PyObject *bs;
+    if (rows < 0) {
+        Py_DECREF(seq);
+        Py_XDECREF(key);
+        return -1;
+    }
     if (rows > 0) {
         Py_DECREF(seq);
         bs = PyLong_FromSsize_t(rows);

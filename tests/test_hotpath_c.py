@@ -240,6 +240,35 @@ def test_the_c_readers_take_a_plain_tensors_rows_from_torchs_c_length(hot, monke
         assert ("shape" in asked) == shaped, (i, asked)
 
 
+def test_looking_for_torchs_tensor_type_never_swallows_a_keyboard_interrupt(hot, monkeypatch):
+    """The C readers look torch.Tensor up once, at a hook's first read: an Exception on the way
+    means the shape's way (the records are the Python readers'), a KeyboardInterrupt propagates as
+    the probe's own, and the hook stays on."""
+    class Torch:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __getattr__(self, name):
+            raise self.exc
+
+    for exc in (RuntimeError("no such torch"), KeyboardInterrupt()):
+        monkeypatch.setitem(sys.modules, "torch", Torch(exc))
+        rec = Recorder("cpu", 100, LOG, "c")
+        rec.timer = CpuTimer()
+        hook = Hook(FORWARD)
+        fwd = rec.phase_method(hook, lambda w, b: NS(can_run_cuda_graph=True))
+        b = NS(forward_mode=ForwardMode.DECODE, seq_lens=_Rows(3, asked=[]))
+        step_hook = Hook(STEP)
+        step = rec.step_method(step_hook, lambda s, b: fwd(None, b))
+        if isinstance(exc, KeyboardInterrupt):
+            with pytest.raises(KeyboardInterrupt):
+                step(None, b)
+            assert rec.tls.cur == [None, None] and step_hook.enabled and hook.enabled
+        else:
+            step(None, b)
+            assert [(st.batch_size, [ph.batch_size for ph in st.phases]) for st in rec.steps] == [(3, [3])]
+
+
 def test_the_c_records_are_the_python_records_fields(hot):
     facts = ("decode", "DECODE", 2, 2)
     for cls, pycls, args in ((hot.PhaseRecord, recorder.PhaseRecord, (facts, "t", 5, 6)),

@@ -784,24 +784,22 @@ tensor_rows(HookObject *h, PyObject *seq)
         PyObject *torch = PyImport_GetModule(s_torch), *tensor = NULL, *c = NULL, *base = NULL;
         if (torch != NULL && (tensor = getattr_maybe(torch, s_Tensor)) != NULL && (c = getattr_maybe(torch, s__C)) != NULL)
             base = getattr_maybe(c, s_TensorBase);
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) {
-            Py_XDECREF(torch);
-            Py_XDECREF(tensor);
-            Py_XDECREF(c);
-            Py_XDECREF(base);
-            return -1;
-        }
-        PyErr_Clear();
-        if (tensor != NULL && base != NULL && PyType_Check(tensor) && PyType_Check(base) &&
-            ((PyTypeObject *)tensor)->tp_base == (PyTypeObject *)base &&
-            ((PyTypeObject *)base)->tp_as_mapping != NULL && ((PyTypeObject *)base)->tp_as_mapping->mp_length != NULL) {
-            h->tensor_len = ((PyTypeObject *)base)->tp_as_mapping->mp_length;
-            Py_SETREF(h->tensor_type, Py_NewRef(tensor));
+        int interrupted = PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception);
+        if (!interrupted) {
+            PyErr_Clear();
+            if (tensor != NULL && base != NULL && PyType_Check(tensor) && PyType_Check(base) &&
+                ((PyTypeObject *)tensor)->tp_base == (PyTypeObject *)base &&
+                ((PyTypeObject *)base)->tp_as_mapping != NULL && ((PyTypeObject *)base)->tp_as_mapping->mp_length != NULL) {
+                h->tensor_len = ((PyTypeObject *)base)->tp_as_mapping->mp_length;
+                Py_SETREF(h->tensor_type, Py_NewRef(tensor));
+            }
         }
         Py_XDECREF(torch);
         Py_XDECREF(tensor);
         Py_XDECREF(c);
         Py_XDECREF(base);
+        if (interrupted)
+            return -1;
     }
     if (h->tensor_len == NULL || (PyObject *)Py_TYPE(seq) != h->tensor_type)
         return 0;

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import collections
 import time
-from itertools import chain
-from operator import itemgetter
+from itertools import chain, compress
+from operator import itemgetter, not_, truth
 from typing import Any, Iterable, Optional
 
 from sgl_probe.contract import PHASES, RANKS
@@ -171,9 +171,11 @@ class Summary:
             cols = self._window[phase]
             kept, warm = steady[phase]
             warm_total += warm
-            ms = sorted(cols[_MS][i] for i in kept)
+            # Over a window's every call (~20,000 on a launch-bound server) in one stretch of the
+            # drain thread's GIL, which the scheduler thread waits out: C loops, not generators.
             n = len(cols[_MS])
-            graph = sum(1 for g in cols[_GRAPH] if g) / n
+            ms = sorted(cols[_MS] if len(kept) == n else map(cols[_MS].__getitem__, kept))
+            graph = sum(map(truth, cols[_GRAPH])) / n
             part = (f"{phase} n={n} p50={percentile(ms, .5):.2f}ms "
                     f"p90={percentile(ms, .9):.2f}ms graph={graph:.0%}{_reasons(cols)}")
             launch = self._launch.get(phase)
@@ -211,7 +213,9 @@ class Summary:
 
 def _reasons(cols: tuple) -> str:
     """`` (graphs_disabled)``, or the shares when several reasons: why no graph ran."""
-    counts = collections.Counter(r for g, r in zip(cols[_GRAPH], cols[_REASON]) if not g and r)
+    counts = collections.Counter(compress(cols[_REASON], map(not_, cols[_GRAPH])))
+    for r in [r for r in counts if not r]:  # a phase without a reason (None, "")
+        del counts[r]
     if not counts:
         return ""
     if len(counts) == 1:

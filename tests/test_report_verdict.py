@@ -277,6 +277,19 @@ def test_summary_line_names_several_no_graph_reasons_by_share():
     assert "verify n=5 p50=29.00ms p90=29.00ms graph=20% (batch_too_large 75%, runner_refused 25%)" in s.line()
 
 
+def test_summary_line_counts_reasons_only_where_no_graph_ran_and_one_was_given():
+    """A graph call's reason never counts; a call without a graph and without a reason (None or
+    empty) is in the share of neither; the order of the reasons is the order they came in."""
+    s = Summary(30, {"tp_rank": 0})
+    s.add([phase("extend", 5.0, False, reason=None), phase("extend", 5.0, False, reason=""),
+           phase("extend", 5.0, True, reason="stale"), phase("extend", 5.0, False, reason="mode_not_captured"),
+           phase("extend", 5.0, False, reason="batch_too_large"), phase("extend", 5.0, False, reason="mode_not_captured")])
+    assert "extend n=6 p50=5.00ms p90=5.00ms graph=17% (mode_not_captured 67%, batch_too_large 33%)" in s.line()
+    s = Summary(30, {"tp_rank": 0})
+    s.add([phase("extend", 5.0, False, reason=None), phase("extend", 5.0, True, reason="stale")])
+    assert "graph=50% |" in s.line() + " |" and "(" not in s.line().split("graph=50%")[1]
+
+
 def test_summary_line_leaves_warmup_out_of_times_and_verdict():
     """Warm-up-shaped steps in one window: the first call of each shape huge, then the seed case.
     The line's times and verdict are the steady state's, and it says what was left out."""

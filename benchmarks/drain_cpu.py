@@ -6,8 +6,11 @@ timer, the summary line on) records ``--steps`` steps (a second of the tiny serv
 drain pass does, they are taken in the drain's chunks (``take``: ready checks, rows, the records
 freed), added to the summary line's window (``summary``), encoded for the exporter process's link
 as its sink would (``encode``: packed by the C extension, else pickled), and the rows and messages
-freed (``all`` is the whole pass). Wall time per step (the loop is single-threaded and the machine
-otherwise idle), median over ``--passes`` passes after ``--warmup``; each run a fresh process.
+freed (``all`` is the whole pass). ``packed_pass``: as many steps again in the drain's packed pass
+(every step exported, no sampler, no metrics: each step written straight into the link's message
+and the summary, no rows), each pass beside the rows' one, either first by turns; ``packed_pass_over_all``
+their ratio per run. Wall time per step (the loop is single-threaded and the machine otherwise
+idle), median over ``--passes`` passes after ``--warmup``; each run a fresh process.
 
     python3 benchmarks/drain_cpu.py [--steps 540] [--passes 20] [--runs 4] [--compare REV] [--json FILE]
 
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("take", "summary", "encode", "all")
+STAGES = ("take", "summary", "encode", "all", "packed_pass")
 
 
 def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
@@ -53,8 +56,32 @@ def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
     packs = "pack" in inspect.signature(wire.encode_steps).parameters  # revisions before it pickled
     pack = getattr(rec.c, "pack_steps", None) if packs else None
     clock = time.perf_counter_ns
+    packed_type = getattr(rec.c, "PackedSteps", None)  # revisions before it had no packed pass
     got: dict = {k: [] for k in STAGES}
+
+    def packed_pass() -> int:
+        """The same steps in the drain's packed pass (export.Pipeline.drain's loop, no sink): taken
+        straight into link messages and the summary, the messages freed."""
+        for _ in range(steps):
+            sched.run_batch(batch)
+        t0 = clock()
+        pk, msgs, left, n = packed_type(wire.MAX_MESSAGE), [], [], 0
+        while True:
+            before = pk.rows
+            if not take_ready(rec.steps, rec.timer, clock(), False, export.CHUNK, left, pk, pipe.summary):
+                break
+            n += pk.rows - before + len(left)
+            if pk.full or pk.rows >= wire.CHUNK_STEPS or \
+                    pk.nbytes + export.CHUNK * pk.nbytes // max(1, pk.rows) > wire.MAX_MESSAGE:
+                msgs.append(pk.finish())
+        msgs.append(pk.finish())
+        del msgs, left
+        if n != steps:
+            raise RuntimeError(f"packed: took {n} of {steps} steps")
+        return clock() - t0
+
     for i in range(warmup + passes):
+        packed_ns = packed_pass() if packed_type is not None and i % 2 else None  # either first, by turns
         for _ in range(steps):
             sched.run_batch(batch)
         rows: list = []
@@ -73,12 +100,16 @@ def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
         t4 = clock()
         if n != steps:
             raise RuntimeError(f"took {n} of {steps} steps")
+        if packed_type is not None and not i % 2:
+            packed_ns = packed_pass()
         if i >= warmup:
             for k, (a, b) in zip(STAGES, ((t0, t1), (t1, t2), (t2, t3), (t0, t4))):
                 got[k].append((b - a) / steps / 1e3)
+            if packed_ns is not None:
+                got["packed_pass"].append(packed_ns / steps / 1e3)
     probe.instrumentor.uninstrument()
     return {"probe": os.path.dirname(sgl_probe.__file__), "hotpath": rec.hotpath, "packed": pack is not None,
-            **{f"{k}_us_per_step": statistics.median(v) for k, v in got.items()}}
+            **{f"{k}_us_per_step": statistics.median(v) if v else None for k, v in got.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         out["base"] = args.compare
     for side, rs in runs.items():
         out[side] = {"hotpath": rs[0]["hotpath"], "packed": rs[0]["packed"],
-                     **{k: median_ci([r[f"{k}_us_per_step"] for r in rs]) for k in STAGES}, "per_run": rs}
+                     **{k: median_ci([r[f"{k}_us_per_step"] for r in rs]) for k in STAGES
+                        if rs[0].get(f"{k}_us_per_step") is not None}, "per_run": rs}
+        if rs[0].get("packed_pass_us_per_step") is not None:  # side by side in each process
+            out[side]["packed_pass_over_all"] = median_ci([r["packed_pass_us_per_step"] / r["all_us_per_step"] for r in rs])
     if args.compare:
         out["all_new_over_base"] = median_ci([a["all_us_per_step"] / b["all_us_per_step"]
                                        for a, b in zip(runs["new"], runs["base"])])

@@ -2503,26 +2503,64 @@ ms_of(PyObject *t0, PyObject *t1)
     return ms;
 }
 
-/* drain.resolve_row(st, timer) for this timer. */
-static PyObject *
-resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
+/* A step resolved to C values: what resolve_row turns into a row, or pack_vals writes straight
+   into a link message (the drain's packed pass, which makes no row). */
+typedef struct {
+    PhaseRecordObject *ph; /* borrowed: the step's phases list holds it */
+    long long t0, t1;
+    PyObject *kind;        /* borrowed: the timer's kinds or None */
+    int graph;
+    int has_graph_ms;
+    double graph_ms;
+    PyObject *error;       /* None or error_text(ph.error) */
+} PhaseVals;
+
+#define VALS_SMALL 4
+typedef struct {
+    PhaseVals small[VALS_SMALL];
+    PhaseVals *ph;         /* the timed phases (a capture's has no end) */
+    Py_ssize_t n;
+    long long w0, w1;
+    PyObject *error;       /* None or error_text(st.error) */
+} StepVals;
+
+static void
+vals_free(StepVals *v)
 {
-    /* The phases' tuple made at its size: the timed phases (a capture's has no end). */
-    Py_ssize_t n = PyList_GET_SIZE(st->phases), timed = 0, k = 0;
+    for (Py_ssize_t i = 0; i < v->n; i++)
+        Py_XDECREF(v->ph[i].error);
+    if (v->ph != v->small)
+        PyMem_Free(v->ph);
+    v->ph = v->small;
+    v->n = 0;
+    Py_CLEAR(v->error);
+}
+
+/* drain.resolve_row(st, timer)'s arithmetic for this timer, into ``v`` (vals_free it, whatever
+   this returns). */
+static int
+resolve_vals(CudaFastObject *f, TakeCtx *c, StepRecordObject *st, StepVals *v)
+{
+    v->ph = v->small;
+    v->n = 0;
+    v->error = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(st->phases), timed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ph = PyList_GET_ITEM(st->phases, i);
         timed += !Py_IS_TYPE(ph, &PhaseRecordType) || ((PhaseRecordObject *)ph)->t_end != Py_None;
     }
-    PyObject *phases = PyTuple_New(timed), *row = NULL;
-    if (phases == NULL)
-        return NULL;
+    if (timed > VALS_SMALL && (v->ph = PyMem_Malloc(timed * sizeof(PhaseVals))) == NULL) {
+        v->ph = v->small;
+        PyErr_NoMemory();
+        return -1;
+    }
     long long lo = 0, hi = 0;
     int any = 0;
     for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(st->phases); i++) {
         PhaseRecordObject *ph = (PhaseRecordObject *)PyList_GET_ITEM(st->phases, i);
         if (Py_TYPE(ph) != &PhaseRecordType) {
             PyErr_SetString(PyExc_TypeError, "sgl-probe: not a C phase record");
-            goto fail;
+            return -1;
         }
         if (ph->t_end == Py_None)
             continue;
@@ -2530,7 +2568,7 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
         PyObject *kind;
         if (c->host) {
             if (as_ll(ph->t_start, &t0) < 0 || as_ll(ph->t_end, &t1) < 0)
-                goto fail;
+                return -1;
             t0 += c->offset;
             t1 += c->offset;
             kind = Py_None;
@@ -2542,7 +2580,7 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
             Py_DECREF(t_start);
             Py_DECREF(t_end);
             if (bad)
-                goto fail;
+                return -1;
         }
         if (!any || t0 < lo)
             lo = t0;
@@ -2551,64 +2589,83 @@ resolve_row(CudaFastObject *f, TakeCtx *c, StepRecordObject *st)
         any = 1;
         int graph = PyObject_IsTrue(ph->graph != Py_None ? ph->graph : ph->graph_hook);
         if (graph < 0)
-            goto fail;
-        PyObject *graph_ms;
+            return -1;
         long long launch;
         if (as_ll(ph->launch_ns, &launch) < 0)
-            goto fail;
+            return -1;
+        if (v->n >= timed) { /* the phases list changed under the elapsed-time read */
+            PyErr_SetString(PyExc_RuntimeError, "sgl-probe: a step's phases changed while it was resolved");
+            return -1;
+        }
+        PhaseVals *pv = &v->ph[v->n];
+        pv->ph = ph;
+        pv->t0 = t0;
+        pv->t1 = t1;
+        pv->kind = kind;
+        pv->graph = graph;
+        pv->has_graph_ms = launch != 0;
+        pv->graph_ms = 0.0;
         if (launch) {
             /* The GPU may still have been busy with earlier work when the graph was launched: then
                the graph's time starts where the phase's does. */
             launch += c->offset;
             double g = (double)(t1 - (launch > t0 ? launch : t0)) / 1e6;
-            graph_ms = PyFloat_FromDouble(g < 0 ? 0.0 : g);
+            pv->graph_ms = g < 0 ? 0.0 : g;
         }
-        else {
-            graph_ms = Py_NewRef(Py_None);
-        }
-        PyObject *o_t0 = PyLong_FromLongLong(t0), *o_t1 = PyLong_FromLongLong(t1);
+        if ((pv->error = error_or_none(c, ph->error)) == NULL)
+            return -1;
+        v->n++;
+    }
+    if (v->n != timed) {
+        PyErr_SetString(PyExc_RuntimeError, "sgl-probe: a step's phases changed while it was resolved");
+        return -1;
+    }
+    long long h0, h1;
+    if (as_ll(st->host0, &h0) < 0 || as_ll(st->host1, &h1) < 0)
+        return -1;
+    v->w0 = h0 + c->offset;
+    v->w1 = h1 + c->offset;
+    if (any && lo < v->w0)
+        v->w0 = lo;
+    if (any && hi > v->w1)
+        v->w1 = hi;
+    return (v->error = error_or_none(c, st->error)) == NULL ? -1 : 0;
+}
+
+/* The row (see sgl_probe.drain) of a step resolve_vals resolved. */
+static PyObject *
+row_of_vals(TakeCtx *c, StepRecordObject *st, StepVals *v)
+{
+    PyObject *phases = PyTuple_New(v->n), *row = NULL;
+    if (phases == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < v->n; k++) {
+        PhaseVals *pv = &v->ph[k];
+        PhaseRecordObject *ph = pv->ph;
+        PyObject *graph_ms = pv->has_graph_ms ? PyFloat_FromDouble(pv->graph_ms) : Py_NewRef(Py_None);
+        PyObject *o_t0 = PyLong_FromLongLong(pv->t0), *o_t1 = PyLong_FromLongLong(pv->t1);
         PyObject *host_ms = ms_of(ph->host0, ph->host1);
-        PyObject *err = error_or_none(c, ph->error);
         PyObject *item = NULL;
-        if (graph_ms && o_t0 && o_t1 && host_ms && err)
-            item = PyTuple_Pack(14, ph->phase, o_t0, o_t1, graph ? Py_True : Py_False, ph->mode, ph->batch_size,
-                                ph->num_tokens, host_ms, ph->target, ph->accept_length, kind,
-                                graph ? Py_None : ph->no_graph_reason, err, graph_ms);
+        if (graph_ms && o_t0 && o_t1 && host_ms)
+            item = PyTuple_Pack(14, ph->phase, o_t0, o_t1, pv->graph ? Py_True : Py_False, ph->mode, ph->batch_size,
+                                ph->num_tokens, host_ms, ph->target, ph->accept_length, pv->kind,
+                                pv->graph ? Py_None : ph->no_graph_reason, pv->error, graph_ms);
         Py_XDECREF(graph_ms);
         Py_XDECREF(o_t0);
         Py_XDECREF(o_t1);
         Py_XDECREF(host_ms);
-        Py_XDECREF(err);
-        if (item == NULL || k >= timed) { /* k: the phases list changed under the elapsed-time read */
-            if (item != NULL)
-                PyErr_SetString(PyExc_RuntimeError, "sgl-probe: a step's phases changed while it was resolved");
-            Py_XDECREF(item);
+        if (item == NULL)
             goto fail;
-        }
-        PyTuple_SET_ITEM(phases, k++, item);
+        PyTuple_SET_ITEM(phases, k, item);
     }
-    if (k != timed) {
-        PyErr_SetString(PyExc_RuntimeError, "sgl-probe: a step's phases changed while it was resolved");
-        goto fail;
-    }
-    long long h0, h1;
-    if (as_ll(st->host0, &h0) < 0 || as_ll(st->host1, &h1) < 0)
-        goto fail;
-    long long w0 = h0 + c->offset, w1 = h1 + c->offset;
-    if (any && lo < w0)
-        w0 = lo;
-    if (any && hi > w1)
-        w1 = hi;
-    PyObject *o_w0 = PyLong_FromLongLong(w0), *o_w1 = PyLong_FromLongLong(w1);
+    PyObject *o_w0 = PyLong_FromLongLong(v->w0), *o_w1 = PyLong_FromLongLong(v->w1);
     PyObject *step_ms = ms_of(st->host0, st->host1);
-    PyObject *err = error_or_none(c, st->error);
-    if (o_w0 && o_w1 && step_ms && err)
+    if (o_w0 && o_w1 && step_ms)
         row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms,
-                           c->host ? s_cpu : s_cuda, phases, err);
+                           c->host ? s_cpu : s_cuda, phases, v->error);
     Py_XDECREF(o_w0);
     Py_XDECREF(o_w1);
     Py_XDECREF(step_ms);
-    Py_XDECREF(err);
 fail:
     Py_DECREF(phases);
     return row;
@@ -2813,12 +2870,46 @@ read_ahead(TakeCtx *c, PyObject *steps, Py_ssize_t n)
 }
 
 
+/* The shapes of this call's recent phases (new references): a phase whose five shape fields are
+   the very objects of one of them shares its tuple without building, hashing and looking up
+   another (a steady server repeats a few shapes step after step). Each is ``seen``'s own tuple
+   (so not a first call any more), or one ``seen`` had no room for (nor will it: it only grows). */
+#define RECENT_SHAPES 8
+typedef struct {
+    PyObject *shape[RECENT_SHAPES];
+    int n, next;
+} RecentShapes;
+
+/* What one summary_add call (or one packed take) reads once: Summary's containers and the two
+   decode histories' ``append`` (graph, no graph). */
+typedef struct SummaryCtx {
+    PyObject *seen, *window, *launch, *accepts, *decode;
+    Py_ssize_t max_shapes;
+    PyObject *decode_append[2];
+    RecentShapes recent;
+} SummaryCtx;
+
+static int summary_ctx(SummaryCtx *x, PyObject *const *args);
+static void summary_ctx_free(SummaryCtx *x);
+
+/* The packed pass (PackedSteps: defined with the link's layout). */
+typedef struct PackedObject PackedObject;
+static PyTypeObject PackedStepsType;
+static int pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v);
+static int packed_full(PackedObject *pk);
+static int summary_vals(SummaryCtx *x, StepVals *v);
+
 /* drain.take_ready's loop: pops n steps off ``steps``, appends each one's row to ``out`` and (CUDA
    timer, ``f``) releases its events; a step that cannot be resolved goes to on_drop(step, exc)
    instead, its events released all the same. Stops at a step the Python wrappers made (the
-   caller's Python loop resolves it); returns how many it took. */
+   caller's Python loop resolves it); returns how many it took.
+   ``pk``: the packed pass. Each step is written into that link message instead of becoming a row,
+   unless a value has no tag in the layout: then it is a row in ``out`` as without ``pk``; either
+   way (``sx``) it is added to the summary here, in step order. Stops before a step once the
+   message is full (its ``full`` says so). */
 static PyObject *
-take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject *out, PyObject *on_drop)
+take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject *out, PyObject *on_drop,
+          PackedObject *pk, SummaryCtx *sx)
 {
     if (!PyList_Check(out)) {
         PyErr_SetString(PyExc_TypeError, "take: out is a list");
@@ -2834,6 +2925,10 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
             goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (pk != NULL && packed_full(pk)) {
+            result = PyLong_FromSsize_t(i);
+            goto done;
+        }
         SECTION_T0(sec);
         PyObject *st = PyObject_CallNoArgs(popleft);
         if (st == NULL)
@@ -2848,14 +2943,38 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
             result = PyLong_FromSsize_t(i);
             goto done;
         }
-        PyObject *row = resolve_row(f, c, (StepRecordObject *)st);
-        SECTION_ADD(drain_resolve, sec);
+        PyObject *row = NULL;
+        int packed = 0, summed = 0;
+        StepVals v;
+        if (resolve_vals(f, c, (StepRecordObject *)st, &v) == 0) {
+            if (pk != NULL) {
+                packed = pack_vals(pk, c, (StepRecordObject *)st, &v);
+                if (packed < 0) { /* e.g. no memory for the buffer: the row still goes, pickled */
+                    PyErr_Clear();
+                    packed = 0;
+                }
+            }
+            if (!packed)
+                row = row_of_vals(c, (StepRecordObject *)st, &v);
+            SECTION_ADD(drain_resolve, sec);
+            if (sx != NULL && (packed || row != NULL)) { /* in step order, row or not */
+                if (summary_vals(sx, &v) < 0) {
+                    summed = -1;
+                    Py_CLEAR(row);
+                }
+                SECTION_ADD(drain_summary, sec);
+            }
+        }
+        vals_free(&v);
         int rc = 0;
         if (row != NULL) {
             rc = PyList_Append(out, row);
             Py_DECREF(row);
         }
-        else if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        else if (packed && summed >= 0) {
+            /* in the message (and the summary) */
+        }
+        else if (!packed && summed >= 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
             PyObject *type, *value, *tb;
             fetch_exception(&type, &value, &tb);
             PyObject *r = PyObject_CallFunctionObjArgs(on_drop, st, value ? value : Py_None, NULL);
@@ -2865,7 +2984,8 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
             rc = r == NULL ? -1 : 0;
             Py_XDECREF(r);
         }
-        else { /* a BaseException: released all the same (Python's ``finally``), then raised */
+        else { /* a BaseException, or the summary's error: released all the same (Python's
+                  ``finally``), then raised */
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
             if (f != NULL && release_step(f, (StepRecordObject *)st, release) < 0)
@@ -2890,38 +3010,64 @@ done:
     return result;
 }
 
-/* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop): take_loop
-   for this CUDA timer. */
+/* The packed pass's two optional arguments: (packed, summary), summary None or summary_add's
+   (seen, max_shapes, window, launch, accepts, decode). 1 given (``*sx`` set up where a summary
+   is; summary_ctx_free it), 0 not, -1 error. */
+static int
+take_packed_args(PyObject *const *args, Py_ssize_t extra, PackedObject **pk, SummaryCtx *sx, int *has_sx)
+{
+    *pk = NULL;
+    *has_sx = 0;
+    if (extra == 0)
+        return 0;
+    if (extra != 2 || !Py_IS_TYPE(args[0], &PackedStepsType) ||
+        (args[1] != Py_None && (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 6))) {
+        PyErr_SetString(PyExc_TypeError, "take: packed is a PackedSteps, summary None or a 6-tuple");
+        return -1;
+    }
+    *pk = (PackedObject *)args[0];
+    if (args[1] == Py_None)
+        return 1;
+    *has_sx = 1;
+    return summary_ctx(sx, &PyTuple_GET_ITEM(args[1], 0)) < 0 ? -1 : 1;
+}
+
+/* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop[, packed,
+   summary]): take_loop for this CUDA timer. */
 static PyObject *
 fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
+    if (nargs != 9 && nargs != 11) {
         PyErr_SetString(PyExc_TypeError,
-                        "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop)");
+                        "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop[, packed, summary])");
         return NULL;
     }
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
+    PackedObject *pk;
+    SummaryCtx sx;
+    int has_sx;
+    int given = take_packed_args(args + 9, nargs - 9, &pk, &sx, &has_sx);
     TakeCtx c;
-    if (take_ctx(f, &c, args + 3, args[7]) < 0)
-        return NULL;
-    if (read_ahead(&c, args[0], n) < 0) {
+    PyObject *r = NULL;
+    if (given >= 0 && take_ctx(f, &c, args + 3, args[7]) == 0) {
+        if (read_ahead(&c, args[0], n) == 0)
+            r = take_loop(f, &c, args[0], n, args[2], args[8], pk, has_sx ? &sx : NULL);
         take_ctx_free(&c);
-        return NULL;
     }
-    PyObject *r = take_loop(f, &c, args[0], n, args[2], args[8]);
-    take_ctx_free(&c);
+    if (has_sx)
+        summary_ctx_free(&sx);
     return r;
 }
 
-/* take_host(steps, n, out, offset, error_text, on_drop): take_loop for the CPU timer (tokens are
-   host-clock values, mapped by adding ``offset``). */
+/* take_host(steps, n, out, offset, error_text, on_drop[, packed, summary]): take_loop for the CPU
+   timer (tokens are host-clock values, mapped by adding ``offset``). */
 static PyObject *
 hot_take_host(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "take_host(steps, n, out, offset, error_text, on_drop)");
+    if (nargs != 6 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "take_host(steps, n, out, offset, error_text, on_drop[, packed, summary])");
         return NULL;
     }
     TakeCtx c = {0};
@@ -2930,7 +3076,15 @@ hot_take_host(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     c.host = 1;
     c.error_text = args[4];
-    return take_loop(NULL, &c, args[0], n, args[2], args[5]);
+    PackedObject *pk;
+    SummaryCtx sx;
+    int has_sx;
+    PyObject *r = NULL;
+    if (take_packed_args(args + 6, nargs - 6, &pk, &sx, &has_sx) >= 0)
+        r = take_loop(NULL, &c, args[0], n, args[2], args[5], pk, has_sx ? &sx : NULL);
+    if (has_sx)
+        summary_ctx_free(&sx);
+    return r;
 }
 
 static PyObject *
@@ -3411,15 +3565,6 @@ phase_is(PyObject *phase, PyObject *name)
     return PyUnicode_Check(phase) ? PyUnicode_Compare(phase, name) == 0 : 0;
 }
 
-/* The shapes of this call's recent phases (new references): a phase whose five shape fields are
-   the very objects of one of them shares its tuple without building, hashing and looking up
-   another (a steady server repeats a few shapes step after step). Each is ``seen``'s own tuple
-   (so not a first call any more), or one ``seen`` had no room for (nor will it: it only grows). */
-#define RECENT_SHAPES 8
-typedef struct {
-    PyObject *shape[RECENT_SHAPES];
-    int n, next;
-} RecentShapes;
 
 static PyObject *
 recent_shape(RecentShapes *r, PyObject *const *fields)
@@ -3454,25 +3599,75 @@ recent_clear(RecentShapes *r)
     r->n = 0;
 }
 
-/* One phase row into the summary's state; see summary_add. ``decode_append``: the two decode
-   histories' ``append`` (graph, no graph), read once per call. */
+
+/* (seen, max_shapes, window, launch, accepts, decode): the arguments summary_add takes after its
+   first two. */
 static int
-summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *window, PyObject *launch,
-              PyObject *accepts, PyObject *decode, PyObject *const *decode_append, RecentShapes *recent)
+summary_ctx(SummaryCtx *x, PyObject *const *args)
+{
+    x->seen = args[0];
+    x->window = args[2];
+    x->launch = args[3];
+    x->accepts = args[4];
+    x->decode = args[5];
+    x->decode_append[0] = x->decode_append[1] = NULL;
+    x->recent.n = x->recent.next = 0;
+    if ((x->max_shapes = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())
+        return -1;
+    if (!PyDict_Check(x->seen) || !PyDict_Check(x->window) || !PyDict_Check(x->launch) || !PyList_Check(x->accepts)) {
+        PyErr_SetString(PyExc_TypeError, "summary_add: three dicts and a list");
+        return -1;
+    }
+    for (int g = 0; g < 2; g++) {
+        PyObject *q = PyObject_GetItem(x->decode, g == 0 ? Py_True : Py_False);
+        x->decode_append[g] = q == NULL ? NULL : PyObject_GetAttr(q, s_append);
+        Py_XDECREF(q);
+        if (x->decode_append[g] == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+static void
+summary_ctx_free(SummaryCtx *x)
+{
+    recent_clear(&x->recent);
+    Py_CLEAR(x->decode_append[0]);
+    Py_CLEAR(x->decode_append[1]);
+}
+
+static int summary_fields(SummaryCtx *x, PyObject *phase, PyObject *ms, PyObject *graph, PyObject *mode, PyObject *bs,
+                          PyObject *ntok, PyObject *accept, PyObject *reason, PyObject *graph_ms);
+
+/* One phase row into the summary's state; see summary_add. */
+static int
+summary_phase(SummaryCtx *x, PyObject *ph)
 {
     if (!PyTuple_Check(ph) || PyTuple_GET_SIZE(ph) != 14) {
         PyErr_SetString(PyExc_ValueError, "sgl-probe: a phase row has 14 fields");
         return -1;
     }
-    PyObject *phase = PyTuple_GET_ITEM(ph, 0), *t0 = PyTuple_GET_ITEM(ph, 1), *t1 = PyTuple_GET_ITEM(ph, 2);
-    PyObject *graph = PyTuple_GET_ITEM(ph, 3), *mode = PyTuple_GET_ITEM(ph, 4), *bs = PyTuple_GET_ITEM(ph, 5);
-    PyObject *ntok = PyTuple_GET_ITEM(ph, 6), *accept = PyTuple_GET_ITEM(ph, 9), *reason = PyTuple_GET_ITEM(ph, 11);
-    PyObject *graph_ms = PyTuple_GET_ITEM(ph, 13);
-    PyObject *key = NULL, *bucket = NULL;
-    int rc = -1;
-    PyObject *ms = ms_of(t0, t1);
+    PyObject *ms = ms_of(PyTuple_GET_ITEM(ph, 1), PyTuple_GET_ITEM(ph, 2));
     if (ms == NULL)
         return -1;
+    int rc = summary_fields(x, PyTuple_GET_ITEM(ph, 0), ms, PyTuple_GET_ITEM(ph, 3), PyTuple_GET_ITEM(ph, 4),
+                            PyTuple_GET_ITEM(ph, 5), PyTuple_GET_ITEM(ph, 6), PyTuple_GET_ITEM(ph, 9),
+                            PyTuple_GET_ITEM(ph, 11), PyTuple_GET_ITEM(ph, 13));
+    Py_DECREF(ms);
+    return rc;
+}
+
+/* A phase's fields into the summary's state: ``ms`` its GPU time, the rest as its row has them. */
+static int
+summary_fields(SummaryCtx *x, PyObject *phase, PyObject *ms, PyObject *graph, PyObject *mode, PyObject *bs,
+               PyObject *ntok, PyObject *accept, PyObject *reason, PyObject *graph_ms)
+{
+    PyObject *seen = x->seen, *window = x->window, *launch = x->launch, *accepts = x->accepts, *decode = x->decode;
+    Py_ssize_t max_shapes = x->max_shapes;
+    PyObject *const *decode_append = x->decode_append;
+    RecentShapes *recent = &x->recent;
+    PyObject *key = NULL, *bucket = NULL;
+    int rc = -1;
     int graph_true = PyObject_IsTrue(graph);
     if (graph_true < 0)
         goto done;
@@ -3545,7 +3740,6 @@ summary_phase(PyObject *ph, PyObject *seen, Py_ssize_t max_shapes, PyObject *win
     }
     rc = 0;
 done:
-    Py_XDECREF(ms);
     Py_XDECREF(bucket);
     Py_XDECREF(key);
     return rc;
@@ -3573,32 +3767,19 @@ summary_add_body(PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "summary_add(rows, phases_at, seen, max_shapes, window, launch, accepts, decode)");
         return NULL;
     }
-    PyObject *seen = args[2], *window = args[4], *launch = args[5], *accepts = args[6], *decode = args[7];
     Py_ssize_t at = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t max_shapes = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred())
+    if (at == -1 && PyErr_Occurred())
         return NULL;
-    if (!PyDict_Check(seen) || !PyDict_Check(window) || !PyDict_Check(launch) || !PyList_Check(accepts)) {
-        PyErr_SetString(PyExc_TypeError, "summary_add: three dicts and a list");
+    SummaryCtx x;
+    if (summary_ctx(&x, args + 2) < 0) {
+        summary_ctx_free(&x);
         return NULL;
-    }
-    PyObject *decode_append[2] = {NULL, NULL};
-    for (int g = 0; g < 2; g++) {
-        PyObject *q = PyObject_GetItem(decode, g == 0 ? Py_True : Py_False);
-        decode_append[g] = q == NULL ? NULL : PyObject_GetAttr(q, s_append);
-        Py_XDECREF(q);
-        if (decode_append[g] == NULL) {
-            Py_XDECREF(decode_append[0]);
-            return NULL;
-        }
     }
     PyObject *rows = PySequence_Fast(args[0], "summary_add: the rows are a sequence");
     if (rows == NULL) {
-        Py_DECREF(decode_append[0]);
-        Py_DECREF(decode_append[1]);
+        summary_ctx_free(&x);
         return NULL;
     }
-    RecentShapes recent = {{NULL}, 0, 0};
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(rows); i++) {
         PyObject *row = PySequence_Fast_GET_ITEM(rows, i);
         if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) <= at || !PyTuple_Check(PyTuple_GET_ITEM(row, at))) {
@@ -3607,21 +3788,16 @@ summary_add_body(PyObject *const *args, Py_ssize_t nargs)
         }
         PyObject *phases = PyTuple_GET_ITEM(row, at);
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(phases); j++) {
-            if (summary_phase(PyTuple_GET_ITEM(phases, j), seen, max_shapes, window, launch, accepts, decode,
-                              decode_append, &recent) < 0)
+            if (summary_phase(&x, PyTuple_GET_ITEM(phases, j)) < 0)
                 goto fail;
         }
     }
-    recent_clear(&recent);
+    summary_ctx_free(&x);
     Py_DECREF(rows);
-    Py_DECREF(decode_append[0]);
-    Py_DECREF(decode_append[1]);
     Py_RETURN_NONE;
 fail:
-    recent_clear(&recent);
+    summary_ctx_free(&x);
     Py_DECREF(rows);
-    Py_DECREF(decode_append[0]);
-    Py_DECREF(decode_append[1]);
     return NULL;
 }
 
@@ -3695,14 +3871,15 @@ get_u64(const unsigned char *at)
 }
 
 /* A string's number in the table (added at its first use); the last few strings by identity
-   first (a message repeats a handful of the probe's own names row after row). */
+   first (a message repeats a handful of the probe's own names row after row). 1 found or added,
+   0 not a string the message can carry, -1 error. */
 static int
 pk_string(Packer *p, PyObject *v, uint32_t *out)
 {
     for (int i = 0; i < p->n_seen; i++)
         if (p->seen_str[i] == v) {
             *out = p->seen_idx[i];
-            return 0;
+            return 1;
         }
     PyObject *got = PyDict_GetItemWithError(p->index, v);
     if (got != NULL) {
@@ -3711,6 +3888,13 @@ pk_string(Packer *p, PyObject *v, uint32_t *out)
     else {
         if (PyErr_Occurred())
             return -1;
+        /* Only strings the message can carry join the table (a lone surrogate is not UTF-8): a
+           packed pass takes back a step that has one, and the table must not keep it. */
+        Py_ssize_t len;
+        if (PyUnicode_AsUTF8AndSize(v, &len) == NULL || len > UINT32_MAX) {
+            PyErr_Clear();
+            return 0;
+        }
         *out = (uint32_t)PyList_GET_SIZE(p->strings);
         PyObject *n = PyLong_FromUnsignedLong(*out);
         int err = n == NULL || PyDict_SetItem(p->index, v, n) < 0 || PyList_Append(p->strings, v) < 0;
@@ -3721,7 +3905,7 @@ pk_string(Packer *p, PyObject *v, uint32_t *out)
     int slot = p->n_seen < 8 ? p->n_seen++ : (p->next_seen = (p->next_seen + 1) % 8);
     p->seen_str[slot] = v; /* borrowed: the table holds it */
     p->seen_idx[slot] = *out;
-    return 0;
+    return 1;
 }
 
 /* 1 written, 0 not a value the layout has, -1 error. */
@@ -3759,8 +3943,9 @@ pk_value(Packer *p, PyObject *v, int depth)
     }
     if (PyUnicode_CheckExact(v)) {
         uint32_t idx;
-        if (pk_string(p, v, &idx) < 0)
-            return -1;
+        int r = pk_string(p, v, &idx);
+        if (r <= 0)
+            return r;
         at = p->buf + p->len; /* unchanged: pk_string does not grow the buffer */
         at[0] = 's';
         put_u32(at + 1, idx);
@@ -3780,6 +3965,53 @@ pk_value(Packer *p, PyObject *v, int depth)
         return 1;
     }
     return 0;
+}
+
+/* The message of the ``n`` rows ``p`` holds: magic, u32 rows, u32 strings, each string (u32 length,
+   UTF-8), a byte per row (kept because slow: ``slow``'s items, or none where NULL), then the rows;
+   None where a string is not UTF-8. */
+static PyObject *
+pk_message(Packer *p, Py_ssize_t n, PyObject *slow)
+{
+    Py_ssize_t ns = PyList_GET_SIZE(p->strings), size = 12 + n + p->len;
+    const char **utf = PyMem_Malloc(sizeof(char *) * (ns + 1));
+    Py_ssize_t *lens = PyMem_Malloc(sizeof(Py_ssize_t) * (ns + 1));
+    PyObject *out = NULL;
+    int ok = 1;
+    if (utf == NULL || lens == NULL) {
+        PyMem_Free(utf);
+        PyMem_Free(lens);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < ns && ok > 0; i++) {
+        utf[i] = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(p->strings, i), &lens[i]);
+        if (utf[i] == NULL || lens[i] > UINT32_MAX) {
+            PyErr_Clear(); /* e.g. a lone surrogate: not UTF-8; pickle takes it */
+            ok = 0;
+        }
+        else
+            size += 4 + lens[i];
+    }
+    if (ok == 0)
+        out = Py_NewRef(Py_None);
+    else if ((out = PyBytes_FromStringAndSize(NULL, size)) != NULL) {
+        char *w = PyBytes_AS_STRING(out);
+        memcpy(w, PACK_MAGIC, 4);
+        put_u32(w + 4, (uint32_t)n);
+        put_u32(w + 8, (uint32_t)ns);
+        w += 12;
+        for (Py_ssize_t i = 0; i < ns; i++) {
+            put_u32(w, (uint32_t)lens[i]);
+            memcpy(w + 4, utf[i], lens[i]);
+            w += 4 + lens[i];
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            *w++ = slow != NULL && PyList_GET_ITEM(slow, i) == Py_True;
+        memcpy(w, p->buf, p->len);
+    }
+    PyMem_Free(utf);
+    PyMem_Free(lens);
+    return out;
 }
 
 /* pack_steps(rows, kept_slow) -> bytes, or None where a value has no tag in the layout:
@@ -3807,55 +4039,250 @@ hot_pack_steps(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         else
             ok = PyTuple_CheckExact(PyList_GET_ITEM(rows, i)) ? pk_value(&p, PyList_GET_ITEM(rows, i), 1) : 0;
     }
-    if (ok < 0)
-        goto done;
-    if (ok == 0) {
-        out = Py_NewRef(Py_None);
-        goto done;
-    }
-    Py_ssize_t ns = PyList_GET_SIZE(p.strings), size = 12 + n + p.len;
-    const char **utf = PyMem_Malloc(sizeof(char *) * (ns + 1));
-    Py_ssize_t *lens = PyMem_Malloc(sizeof(Py_ssize_t) * (ns + 1));
-    if (utf == NULL || lens == NULL) {
-        PyMem_Free(utf);
-        PyMem_Free(lens);
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < ns && ok > 0; i++) {
-        utf[i] = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(p.strings, i), &lens[i]);
-        if (utf[i] == NULL || lens[i] > UINT32_MAX) {
-            PyErr_Clear(); /* e.g. a lone surrogate: not UTF-8; pickle takes it */
-            ok = 0;
-        }
-        else
-            size += 4 + lens[i];
-    }
-    if (ok == 0)
-        out = Py_NewRef(Py_None);
-    else if ((out = PyBytes_FromStringAndSize(NULL, size)) != NULL) {
-        char *w = PyBytes_AS_STRING(out);
-        memcpy(w, PACK_MAGIC, 4);
-        put_u32(w + 4, (uint32_t)n);
-        put_u32(w + 8, (uint32_t)ns);
-        w += 12;
-        for (Py_ssize_t i = 0; i < ns; i++) {
-            put_u32(w, (uint32_t)lens[i]);
-            memcpy(w + 4, utf[i], lens[i]);
-            w += 4 + lens[i];
-        }
-        for (Py_ssize_t i = 0; i < n; i++)
-            *w++ = PyList_GET_ITEM(slow, i) == Py_True;
-        memcpy(w, p.buf, p.len);
-    }
-    PyMem_Free(utf);
-    PyMem_Free(lens);
+    if (ok >= 0)
+        out = ok == 0 ? Py_NewRef(Py_None) : pk_message(&p, n, slow);
 done:
     PyMem_Free(p.buf);
     Py_XDECREF(p.index);
     Py_XDECREF(p.strings);
     return out;
 }
+
+/* ---- the packed pass: steps written straight into the link's message -------------------------
+
+   The drain's rows exist to be read twice, by the summary and by pack_steps, and freed: with
+   every step exported, no sampler and no metrics, the packed pass skips them. take() writes each
+   step, resolved, into a PackedSteps (the same bytes pack_steps writes for its row) and adds it to
+   the summary; finish() makes the message. */
+struct PackedObject {
+    PyObject_HEAD
+    Packer p;
+    Py_ssize_t rows, spans, max_bytes;
+    int full;
+};
+
+static int
+pk_head(Packer *p, char tag, uint32_t n)
+{
+    if (pk_room(p, 5) < 0)
+        return -1;
+    p->buf[p->len] = tag;
+    put_u32(p->buf + p->len + 1, n);
+    p->len += 5;
+    return 1;
+}
+
+static int
+pk_bits(Packer *p, char tag, uint64_t bits)
+{
+    if (pk_room(p, 9) < 0)
+        return -1;
+    p->buf[p->len] = tag;
+    put_u64(p->buf + p->len + 1, bits);
+    p->len += 9;
+    return 1;
+}
+
+static int
+pk_double(Packer *p, double d)
+{
+    uint64_t bits;
+    memcpy(&bits, &d, 8);
+    return pk_bits(p, 'd', bits);
+}
+
+static int
+pk_flag(Packer *p, PyObject *v)
+{
+    return pk_value(p, v, 1); /* None, True, False */
+}
+
+/* ms_of(t0, t1) where it takes its C way (both ints that fit, and their difference): 1 and
+   ``*out``; 0 where it does not; -1 error. */
+static int
+ms_c(PyObject *t0, PyObject *t1, double *out)
+{
+    if (!PyLong_CheckExact(t0) || !PyLong_CheckExact(t1))
+        return 0;
+    int o0 = 0, o1 = 0;
+    long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
+    if ((a == -1 || b == -1) && PyErr_Occurred())
+        return -1;
+    long long d;
+    if (o0 || o1 || __builtin_sub_overflow(b, a, &d))
+        return 0;
+    *out = (double)d / 1e6;
+    return 1;
+}
+
+/* The step's row (row_of_vals's) written as pk_value writes a row: 1, or 0 where a value has no tag
+   in the layout (nothing written: the caller makes the row), -1 error (nothing written). */
+static int
+pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v)
+{
+    Packer *p = &pk->p;
+    Py_ssize_t mark = p->len;
+    double step_ms, host_ms;
+    int r = ms_c(st->host0, st->host1, &step_ms);
+#define PK(call)                                                                                               \
+    if (r > 0)                                                                                                 \
+    r = (call)
+    /* depths as pk_value gives them: the row 1, its items 2, a phase 3, a phase's items 4 */
+    PK(pk_head(p, 't', 10));
+    PK(pk_value(p, st->index, 2));
+    PK(pk_bits(p, 'i', (uint64_t)v->w0));
+    PK(pk_bits(p, 'i', (uint64_t)v->w1));
+    PK(pk_value(p, st->mode, 2));
+    PK(pk_value(p, st->batch_size, 2));
+    PK(pk_value(p, st->num_tokens, 2));
+    PK(pk_double(p, step_ms));
+    PK(pk_value(p, c->host ? s_cpu : s_cuda, 2));
+    PK(pk_head(p, 't', (uint32_t)v->n));
+    for (Py_ssize_t k = 0; k < v->n && r > 0; k++) {
+        PhaseVals *pv = &v->ph[k];
+        PhaseRecordObject *ph = pv->ph;
+        PK(ms_c(ph->host0, ph->host1, &host_ms));
+        PK(pk_head(p, 't', 14));
+        PK(pk_value(p, ph->phase, 4));
+        PK(pk_bits(p, 'i', (uint64_t)pv->t0));
+        PK(pk_bits(p, 'i', (uint64_t)pv->t1));
+        PK(pk_flag(p, pv->graph ? Py_True : Py_False));
+        PK(pk_value(p, ph->mode, 4));
+        PK(pk_value(p, ph->batch_size, 4));
+        PK(pk_value(p, ph->num_tokens, 4));
+        PK(pk_double(p, host_ms));
+        PK(pk_value(p, ph->target, 4));
+        PK(pk_value(p, ph->accept_length, 4));
+        PK(pk_value(p, pv->kind, 4));
+        PK(pk_value(p, pv->graph ? Py_None : ph->no_graph_reason, 4));
+        PK(pk_value(p, pv->error, 4));
+        PK(pv->has_graph_ms ? pk_double(p, pv->graph_ms) : pk_flag(p, Py_None));
+    }
+    PK(pk_value(p, v->error, 2));
+#undef PK
+    if (r <= 0) {
+        p->len = mark;
+        return r;
+    }
+    pk->rows++;
+    pk->spans += 1 + v->n;
+    return 1;
+}
+
+/* No more steps for this message (one at least, then ``max_bytes``). */
+static int
+packed_full(PackedObject *pk)
+{
+    if (pk->rows > 0 && pk->p.len >= pk->max_bytes)
+        pk->full = 1;
+    return pk->full;
+}
+
+/* A packed step's phases into the summary, as summary_add adds its row's. */
+static int
+summary_vals(SummaryCtx *x, StepVals *v)
+{
+    for (Py_ssize_t k = 0; k < v->n; k++) {
+        PhaseVals *pv = &v->ph[k];
+        PhaseRecordObject *ph = pv->ph;
+        long long d;
+        PyObject *ms;
+        if (!__builtin_sub_overflow(pv->t1, pv->t0, &d)) {
+            ms = PyFloat_FromDouble((double)d / 1e6);
+        }
+        else {
+            PyObject *t0 = PyLong_FromLongLong(pv->t0), *t1 = PyLong_FromLongLong(pv->t1);
+            ms = t0 && t1 ? ms_of(t0, t1) : NULL;
+            Py_XDECREF(t0);
+            Py_XDECREF(t1);
+        }
+        PyObject *graph_ms = pv->has_graph_ms ? PyFloat_FromDouble(pv->graph_ms) : Py_NewRef(Py_None);
+        int rc = ms == NULL || graph_ms == NULL ? -1
+                 : summary_fields(x, ph->phase, ms, pv->graph ? Py_True : Py_False, ph->mode, ph->batch_size,
+                                  ph->num_tokens, ph->accept_length, pv->graph ? Py_None : ph->no_graph_reason,
+                                  graph_ms);
+        Py_XDECREF(ms);
+        Py_XDECREF(graph_ms);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+packed_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t max_bytes;
+    static char *kw[] = {"max_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kw, &max_bytes))
+        return NULL;
+    PackedObject *pk = (PackedObject *)type->tp_alloc(type, 0);
+    if (pk == NULL)
+        return NULL;
+    pk->max_bytes = max_bytes;
+    if ((pk->p.index = PyDict_New()) == NULL || (pk->p.strings = PyList_New(0)) == NULL) {
+        Py_DECREF(pk);
+        return NULL;
+    }
+    return (PyObject *)pk;
+}
+
+static void
+packed_dealloc(PackedObject *pk)
+{
+    PyMem_Free(pk->p.buf);
+    Py_XDECREF(pk->p.index);
+    Py_XDECREF(pk->p.strings);
+    Py_TYPE(pk)->tp_free((PyObject *)pk);
+}
+
+/* finish() -> the message of the steps written so far (None where there are none), and an empty
+   PackedSteps for the next. */
+static PyObject *
+packed_finish(PackedObject *pk, PyObject *unused)
+{
+    if (pk->rows == 0)
+        Py_RETURN_NONE;
+    PyObject *msg = pk_message(&pk->p, pk->rows, NULL);
+    if (msg == NULL)
+        return NULL;
+    PyObject *index = PyDict_New(), *strings = PyList_New(0);
+    if (index == NULL || strings == NULL) {
+        Py_XDECREF(index);
+        Py_XDECREF(strings);
+        Py_DECREF(msg);
+        return NULL;
+    }
+    Py_SETREF(pk->p.index, index);
+    Py_SETREF(pk->p.strings, strings);
+    pk->p.len = 0;
+    pk->p.n_seen = pk->p.next_seen = 0;
+    pk->rows = pk->spans = 0;
+    pk->full = 0;
+    return msg;
+}
+
+static PyMethodDef packed_methods[] = {
+    {"finish", (PyCFunction)packed_finish, METH_NOARGS, "the message so far (None: no steps), and start afresh"},
+    {NULL}};
+
+static PyMemberDef packed_members[] = {
+    {"rows", T_PYSSIZET, offsetof(PackedObject, rows), READONLY, "steps written"},
+    {"spans", T_PYSSIZET, offsetof(PackedObject, spans), READONLY, "their spans (a step and its phases)"},
+    {"nbytes", T_PYSSIZET, offsetof(PackedObject, p.len), READONLY, "bytes of rows written"},
+    {"full", T_INT, offsetof(PackedObject, full), READONLY, "take stopped: max_bytes reached"},
+    {NULL}};
+
+static PyTypeObject PackedStepsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sgl_probe._hot.PackedSteps",
+    .tp_basicsize = sizeof(PackedObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "PackedSteps(max_bytes): a link message the drain's take() writes steps into",
+    .tp_new = packed_new,
+    .tp_dealloc = (destructor)packed_dealloc,
+    .tp_methods = packed_methods,
+    .tp_members = packed_members,
+};
 
 typedef struct {
     const unsigned char *at, *end;
@@ -4094,15 +4521,16 @@ PyInit__hot(void)
         PyErr_Clear(); /* none free: the clock and the timers' methods are looked up every time */
 #endif
     PyTypeObject *types[] = {&PhaseRecordType, &StepRecordType, &StepHookType, &PhaseHookType, &MarkHookType,
-                             &CudaFastType};
-    const char *names[] = {"PhaseRecord", "StepRecord", "StepHook", "PhaseHook", "MarkHook", "CudaFast"};
-    for (int i = 0; i < 6; i++)
+                             &CudaFastType, &PackedStepsType};
+    const char *names[] = {"PhaseRecord", "StepRecord", "StepHook", "PhaseHook", "MarkHook", "CudaFast",
+                           "PackedSteps"};
+    for (int i = 0; i < 7; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&hot_module);
     if (m == NULL)
         return NULL;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(types[i]);

@@ -146,11 +146,18 @@ def ready_steps(steps: collections.deque, n: int, timer: Any, now_ns: int) -> in
     return n
 
 
-def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list) -> int:
+def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list,
+               packed: Any = None, summary: Any = None) -> int:
     """Move up to ``limit`` steps off the front of ``steps`` into ``out`` as rows, stopping at
     the first one not :func:`step_ready` (``final``: take them all). Every step taken has its
     events released; one that cannot be resolved (an event that never completed, at shutdown)
     is dropped with a debug line. Returns how many were taken.
+
+    ``packed``: the packed pass (the C extension's ``PackedSteps``; every step exported, nothing
+    else reads the rows): the steps the C wrappers recorded are written into that link message
+    instead, not to ``out`` (which gets the rest as rows), and every step taken is added to
+    ``summary`` (the :class:`~sgl_probe.summary.Summary`, or None) here, in step order. Once the
+    message is full (``packed.full``), the rest of the ``limit`` waits for the next call.
 
     :func:`step_ready` and :func:`release_step` inline, and nothing at all asked of a host-clock
     timer (always ready, nothing to release): this is the drain thread's per-step loop."""
@@ -163,7 +170,15 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
         n = ready(steps, n, now_ns - ACCEPT_WAIT_NS) if ready is not None else ready_steps(steps, n, timer, now_ns)
     take = getattr(timer, "take_rows", None)
     # The C drain (sgl_probe._hot) first: the same loop, for the steps the C wrappers recorded.
-    taken = take(steps, n, out, error_text, _drop) if take is not None else 0
+    if take is None:
+        taken = 0
+    elif packed is None:
+        taken = take(steps, n, out, error_text, _drop)
+    else:
+        taken = take(steps, n, out, error_text, _drop, packed, None if summary is None else summary.c_state())
+        if packed.full:
+            return taken
+    first = len(out)
     for _ in range(n - taken):
         st = steps.popleft()
         try:
@@ -173,4 +188,6 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
         finally:
             if not host:
                 release_step(st, timer)
+    if packed is not None and summary is not None and len(out) > first:
+        summary.add_rows(out[first:])
     return n

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from sgl_probe import metrics_setup, sinks
+from sgl_probe import metrics_setup, sinks, wire
 from sgl_probe.contract import ENV_SPAN
 from sgl_probe.drain import take_ready
 from sgl_probe.exporter_process import ProcessSink
@@ -110,6 +110,13 @@ class Pipeline:
                 self.sink.pack = getattr(getattr(recorder, "c", None), "pack_steps", None)
         self.metrics = metrics_setup.phase_metrics(
             ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics)
+        # The packed pass: with every step exported and nothing else reading the drain's rows,
+        # the C drain writes the steps straight into the link's message (see drain.take_ready).
+        packed = getattr(getattr(recorder, "c", None), "PackedSteps", None)
+        self._packed_type = packed if (
+            packed is not None and self.sampling.always and self.metrics is None
+            and (self.summary.every_ns <= 0 or self.summary.c_state() is not None)
+            and getattr(self.sink, "pack", None) is not None and hasattr(self.sink, "send_packed")) else None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -181,14 +188,25 @@ class Pipeline:
             kept: list[tuple] = []
             kept_slow: list[bool] = []
             done = 0
+            packed = None if self._packed_type is None else self._packed_type(wire.MAX_MESSAGE)
+            summary = None if packed is None else self.summary
             now = held = time.perf_counter_ns()
             while steps:
                 rows: list[tuple] = []
-                taken = take_ready(steps, timer, now, final, CHUNK, rows)
+                before = 0 if packed is None else packed.rows
+                taken = take_ready(steps, timer, now, final, CHUNK, rows, packed, summary)
                 if not taken:
                     break
                 done += len(rows)
-                self.observe_rows(rows)
+                if packed is not None:
+                    done += packed.rows - before
+                    # Sent before the next chunk might not fit (the take would stop at the limit,
+                    # and read the rest's GPU times again for the next message).
+                    if packed.full or packed.rows >= wire.CHUNK_STEPS or \
+                            packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE:
+                        sink.send_packed(packed)
+                else:  # (the packed pass adds its steps to the summary itself; no metrics then)
+                    self.observe_rows(rows)
                 if sink is not None:
                     if always:
                         kept += rows
@@ -203,9 +221,15 @@ class Pipeline:
                     if kept:  # sent before the hand-over: a pass's last stretch does not pack all of it
                         sink.send_steps(kept, kept_slow)
                         kept, kept_slow = [], []
+                    if packed is not None and packed.rows:
+                        sink.send_packed(packed)
                     time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_AFTER_NS)
                     held = time.perf_counter_ns()
-            if kept:
+            if packed is not None and packed.rows:
+                sink.send_packed(packed)
+                if kept:
+                    sink.send_steps(kept, kept_slow)
+            elif kept:
                 sink.send_steps(kept, kept_slow)
             elif sink is not None:
                 sink.poll()

@@ -235,6 +235,18 @@ class ProcessSink:
                 self._send_meta()  # first on every link, also on one opened after a death
                 self._send(data, spans)
 
+    def send_packed(self, packed: Any) -> None:
+        """The steps the drain's packed pass wrote into ``packed`` (the C extension's
+        ``PackedSteps``), as one STEPS message; ``packed`` is empty again after."""
+        with self._lock:
+            spans = packed.spans
+            data = packed.finish()
+            if data is None or os.getpid() != self.pid:
+                return
+            self._check()
+            self._send_meta()
+            self._send(data, spans)
+
     def send_env(self, attrs: dict, when_ns: int, name: str) -> None:
         with self._lock:
             if os.getpid() != self.pid:

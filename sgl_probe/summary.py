@@ -70,6 +70,13 @@ class Summary:
         else:
             self.add(chain.from_iterable(map(itemgetter(PHASES_AT), rows)))
 
+    def c_state(self) -> Optional[tuple]:
+        """What the C extension adds phases to, for the drain's packed pass (``drain.take_ready``):
+        None where there is no summary or no C extension. Valid until the next line."""
+        if self.every_ns <= 0 or self._fast_add is None:
+            return None
+        return (self._seen, MAX_SHAPES, self._window, self._launch, self._accept, self._decode)
+
     def add(self, phases: Iterable[ResolvedPhase]) -> None:
         """The resolved phases of one step."""
         if self.every_ns <= 0:

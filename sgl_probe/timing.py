@@ -75,11 +75,11 @@ class CpuTimer:
             self.start, self.stop = fast.cpu_start, fast.cpu_stop  # type: ignore[method-assign]
             self.ready_steps = functools.partial(fast.ready_steps, None)  # always ready: no timers to ask
 
-    def take_rows(self, steps: Any, n: int, out: list, error_text: Any, on_drop: Any) -> int:
+    def take_rows(self, steps: Any, n: int, out: list, error_text: Any, on_drop: Any, *packed: Any) -> int:
         """With the C hot path: ``drain.take_ready``'s loop in C (see ``CudaTimer.take_rows``)."""
         if self._fast is None:
             return 0
-        return self._fast.take_host(steps, n, out, self._offset, error_text, on_drop)
+        return self._fast.take_host(steps, n, out, self._offset, error_text, on_drop, *packed)
 
     def start(self, now_ns: int) -> Any:
         return now_ns
@@ -728,15 +728,17 @@ class CudaTimer:
     def interval(self, start: Any, end: Any) -> Tuple[int, int]:
         return self.interval_kind(start, end)[:2]
 
-    def take_rows(self, steps: Any, n: int, out: list, error_text: Any, on_drop: Any) -> int:
+    def take_rows(self, steps: Any, n: int, out: list, error_text: Any, on_drop: Any, *packed: Any) -> int:
         """With the C hot path: ``drain.take_ready``'s loop over the first ``n`` of ``steps`` (pop,
         resolve into ``out`` with :meth:`interval_kind`'s arithmetic, release), in C, the elapsed
         times read by the runtime's ``cudaEventElapsedTime`` itself once this thread's checks
         passed (:meth:`checked_elapsed`). Returns how many it took: it stops at a step the Python
-        wrappers made, and takes none on a thread not prepared yet (the Python loop does both)."""
+        wrappers made, and takes none on a thread not prepared yet (the Python loop does both).
+        ``packed``: ``(PackedSteps, summary state or None)``, the drain's packed pass (see
+        ``drain.take_ready``)."""
         if self._c is None or not getattr(self._prepared, "done", False):
             return 0
-        return self._c.take(steps, n, out, *self._c_reader(), error_text, on_drop)
+        return self._c.take(steps, n, out, *self._c_reader(), error_text, on_drop, *packed)
 
     def _c_reader(self) -> tuple:
         """What the C drain reads GPU times with on this thread: the reader (as

@@ -25,3 +25,6 @@ def test_drain_cpu_times_each_stage_of_a_pass_and_packs_with_the_c_extension(tmp
         run = res["per_run"][0]
         for stage in ("take", "summary", "encode"):  # each inside every pass: so are their medians
             assert 0 < run[f"{stage}_us_per_step"] <= run["all_us_per_step"]
+    # The packed pass only where the C extension is, beside the rows' pass in the same process.
+    assert py["per_run"][0]["packed_pass_us_per_step"] is None and "packed_pass_over_all" not in py
+    assert c["per_run"][0]["packed_pass_us_per_step"] > 0 and c["packed_pass_over_all"]["median"] > 0

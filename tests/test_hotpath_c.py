@@ -759,13 +759,42 @@ def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monk
         assert len([c for c in rt.calls if c[0] == "record"]) == (1 if "fail_record" in fail else 0)
 
 
+def _take_packed(hot, steps, timer, now: int, final: bool, limit: int, rows: list, pk, summary, msgs: list) -> int:
+    """``drain.take_ready`` in the packed pass, as the drain loops it: a full message is sent
+    (kept in ``msgs``) and the rest of ``limit`` taken into the next."""
+    from sgl_probe import drain
+
+    total = 0
+    while total < limit:
+        got = drain.take_ready(steps, timer, now, final, limit - total, rows, pk, summary)
+        total += got
+        if not pk.full:
+            return total
+        msgs.append((pk.spans, pk.finish()))
+    return total
+
+
+def _unpacked(hot, msgs: list, rows: list) -> list:
+    """The rows a packed pass sent (its messages read back) and the ones it left as rows, by step."""
+    out = [r for _spans, data in msgs for r in hot.unpack_steps(data)[0]] + rows
+    return sorted(out, key=lambda r: r[0])
+
+
+def _summary_state(s) -> tuple:
+    return (s._window, s._launch, s._accept, {g: list(q) for g, q in s._decode.items()}, s._seen)
+
+
 def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: bool = False,
-                  keep_gil: bool = False) -> tuple:
+                  keep_gil: bool = False, packed_bytes: int = 0) -> tuple:
     """Steps recorded by the C wrappers with the CUDA timer over a stand-in GPU (idle at some
     calls, behind at others, a launched graph, a raising phase, a verify), then drained by
     ``drain.take_ready``: in C (``CudaTimer.take_rows``) or by its Python loop; the elapsed times
     read by torch's reader or, once checked, the runtime's function itself (``keep_gil``: holding
-    the GIL, the default; else releasing it, which the C drain does once per chunk, reading ahead)."""
+    the GIL, the default; else releasing it, which the C drain does once per chunk, reading ahead).
+    ``packed_bytes``: the packed pass, messages of that many bytes (the rows it returns are those
+    its messages carry), which feeds the summary itself; else the rows are summed up by
+    ``Summary.add_rows``."""
+    from sgl_probe.summary import Summary
     from sgl_probe import drain
     from tests.test_gpu_free_parts import _FakeCudart
 
@@ -824,13 +853,28 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
     for ph in rec.awaiting_accept:
         ph.accept_length = 2.0
     ft.gpu_ms = ft.queued_ms + 10  # everything done
-    taken = drain.take_ready(rec.steps, timer, 10**13, False, 25, rows)  # two chunks, as the drain does
+    summ = Summary(30, {"tp_rank": 0}, hot)
+    if packed_bytes:
+        pk, msgs = hot.PackedSteps(packed_bytes), []
+        take = functools.partial(_take_packed, hot, rec.steps, timer, 10**13, False, rows=rows, pk=pk,
+                                 summary=summ, msgs=msgs)
+    else:
+        take = functools.partial(drain.take_ready, rec.steps, timer, 10**13, False, out=rows)
+    taken = take(limit=25)  # two chunks, as the drain does
     if refuse_second:
         rt.error = 700  # the runtime refuses from now on: the reads ahead, then the reads again
-    taken += drain.take_ready(rec.steps, timer, 10**13, False, 1000, rows)
+    taken += take(limit=1000)
+    left = len(rows)  # steps the packed pass left as rows
+    if packed_bytes:
+        msgs.append((pk.spans, pk.finish()))
+        sent = [r for _n, data in msgs for r in hot.unpack_steps(data)[0]]
+        assert sum(n for n, _ in msgs) == len(sent) + sum(len(r[8]) for r in sent)  # the spans a drop costs
+        rows = _unpacked(hot, msgs, rows)
+    else:
+        summ.add_rows(rows)
     busy_due = sum(len(t) > 2 for t in starts)
     return (rows, taken, len(timer._returned), timer._chain[1], timer.elapsed_source, rt and rt.calls, busy_due,
-            seen)
+            seen, _summary_state(summ), left, len(msgs) if packed_bytes else 0)
 
 
 def test_the_c_drain_resolves_the_same_rows_as_the_python_loop(hot, monkeypatch):
@@ -861,6 +905,26 @@ def test_the_c_drain_resolves_the_same_rows_as_the_python_loop(hot, monkeypatch)
     assert got[:4] == want[:4] and got[4] == want[4] == "cuda_runtime_gil" and got[5] == want[5]
     assert got[0] == _drained_rows(hot, monkeypatch, c_take=True, runtime=True)[0]
     assert max(got[7]) > 50 and len(set(n for n in got[7] if n >= 25)) > 10
+
+
+def test_the_packed_pass_sends_the_rows_and_sums_up_the_steps_the_drain_would(hot, monkeypatch):
+    """The drain's packed pass (every step exported, nothing else reading the rows): each step
+    the C wrappers recorded is written straight into the link's message and added to the summary.
+    Read back, the messages carry exactly the rows of the pass that makes them (types included),
+    the summary holds the same, the timer is left in the same state; small messages end early
+    (``full``) and the pass goes on in the next."""
+    for runtime in (False, True):
+        want = _drained_rows(hot, monkeypatch, c_take=True, runtime=runtime)
+        for size in (1 << 20, 700):
+            got = _drained_rows(hot, monkeypatch, c_take=True, runtime=runtime, packed_bytes=size)
+            assert got[0] == want[0] and len(got[0]) == 60
+            assert got[1:5] == want[1:5]
+            if size > 1 << 16 or not runtime:
+                assert got[5] == want[5]  # the same reads (a take that stops early reads the rest again)
+            assert got[8] == want[8]  # the summary: windows, launches, accepts, decode histories, shapes
+            assert got[9] == 0  # every step packed
+            assert got[10] == 1 if size > 1 << 16 else got[10] > 8  # ~150 bytes a step: several messages
+    assert any(ph[12] for row in want[0] for ph in row[8]) and any(ph[13] is not None for row in want[0] for ph in row[8])
 
 
 def test_a_runtime_that_refuses_the_reads_ahead_is_asked_again_then_given_up(hot, monkeypatch, caplog):
@@ -918,6 +982,50 @@ def test_the_c_drain_resolves_cpu_timer_steps_as_the_python_loop(hot, monkeypatc
     n, rows = got[True]
     assert n == len(rows) == 23 and {row[7] for row in rows} == {"cpu"}
     assert any(row[9] for row in rows) and any(ph[12] for row in rows for ph in row[8])  # errors' texts
+
+
+def test_the_packed_pass_leaves_a_step_the_layout_cannot_carry_as_a_row(hot, monkeypatch):
+    """CPU timer steps (errors, a capture, graphs and not, verifies) in the packed pass: a step with
+    a value the packed layout has no tag for (a mode that is not a str, a string that is not
+    UTF-8) is left as a row, taken back from the message without a trace (its string not in the
+    message's table); every other step is in the message. Rows and summary (in step order) as the
+    rows' pass."""
+    from sgl_probe import drain, timing
+    from sgl_probe.summary import Summary
+
+    monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)  # the same wall-clock offset every time
+    monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+
+    class Mode(int):
+        pass
+
+    got = {}
+    for packed in (True, False):
+        rec = Recorder("cpu", 100, LOG, "c")
+        _scenario(rec, monkeypatch)
+        timer = rec.timer = CpuTimer(hot)
+        steps = list(rec.steps)
+        steps[3].mode = Mode(7)
+        steps[8].phases[0].target = "t\ud800"
+        summ = Summary(30, {"tp_rank": 0}, hot)
+        rows: list = []
+        if packed:
+            pk, msgs = hot.PackedSteps(1 << 20), []
+            n = _take_packed(hot, rec.steps, timer, 10**13, True, 1000, rows, pk, summ, msgs)
+            left = [r[0] for r in rows]
+            data = pk.finish()
+            assert data[:4] == b"\xa7SP1"  # not None: no string in its table that is not UTF-8
+            assert not any("t\ud800" in ph for r in hot.unpack_steps(data)[0] for ph in r[8])
+            msgs.append((0, data))
+            rows = _unpacked(hot, msgs, rows)
+        else:
+            n = drain.take_ready(rec.steps, timer, 10**13, True, 1000, rows)
+            summ.add_rows(rows)
+        got[packed] = (n, rows, _summary_state(summ))
+    assert left == [steps[3].index, steps[8].index]
+    assert got[True][0] == got[False][0] == 23
+    assert got[True][1] == got[False][1] and type(got[True][1][3][3]) is Mode
+    assert got[True][2] == got[False][2]
 
 
 def _summary_rows(seed: int, n: int) -> list:

@@ -408,10 +408,22 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
     assert probe.pipeline.sampling.sampled_out == n - len(want)
 
 
-def test_a_long_pass_sends_what_it_kept_before_each_hand_over_of_the_gil(probe_factory, receiver, monkeypatch):
+class _Refill:
+    """A PackedSteps already finished, handed on as one (its message and spans)."""
+
+    def __init__(self, data, spans):
+        self.rows, self.spans, self._data = 1, spans, data
+
+    def finish(self):
+        return self._data
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed_pass", "rows"])
+def test_a_long_pass_sends_what_it_kept_before_each_hand_over_of_the_gil(probe_factory, receiver, monkeypatch, packed):
     """A pass over a backlog hands the GIL over between stretches; what it kept so far leaves
     before each hand-over, so no stretch packs the whole pass (the last one used to), and every
-    step still arrives once."""
+    step still arrives once. With the C extension the steps go as the packed pass wrote them;
+    without it (or with anything else reading the rows) as rows."""
     from sgl_probe import export
 
     probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_SUMMARY_S": "3600", "SGL_PROBE_DRAIN_S": "3600"})
@@ -419,9 +431,25 @@ def test_a_long_pass_sends_what_it_kept_before_each_hand_over_of_the_gil(probe_f
     sched = workload.Scheduler(None, tp_rank=0)  # the pipeline starts with the scheduler
     sched.worker.work_s = 0.0
     events = []
-    real_send = probe.pipeline.sink.send_steps
-    monkeypatch.setattr(probe.pipeline.sink, "send_steps",
-                        lambda steps, slow: events.append(("send", [st[0] for st in steps])) or real_send(steps, slow))
+    sink = probe.pipeline.sink
+    if packed:
+        if probe.pipeline._packed_type is None:
+            pytest.skip("no C extension: no packed pass")
+        real_packed = sink.send_packed
+
+        def send_packed(pk):
+            data = pk.finish()
+            rows, _slow = probe.recorder.c.unpack_steps(data)
+            events.append(("send", [st[0] for st in rows]))
+            return real_packed(_Refill(data, len(rows) + sum(len(r[8]) for r in rows)))  # sent as it was
+
+        monkeypatch.setattr(sink, "send_packed", send_packed)
+        monkeypatch.setattr(sink, "send_steps", lambda steps, slow: events.append(("rows", len(steps))))
+    else:
+        probe.pipeline._packed_type = None
+        real_send = sink.send_steps
+        monkeypatch.setattr(sink, "send_steps",
+                            lambda steps, slow: events.append(("send", [st[0] for st in steps])) or real_send(steps, slow))
     real_time = export.time
 
     class _Time:

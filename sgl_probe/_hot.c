@@ -4061,27 +4061,24 @@ struct PackedObject {
     int full;
 };
 
+/* A tag and its value: a u32 (``wide`` 0: a tuple's count) or 64 bits (an int64, a float64). */
 static int
-pk_head(Packer *p, char tag, uint32_t n)
+pk_tagged(Packer *p, char tag, uint64_t v, int wide)
 {
-    if (pk_room(p, 5) < 0)
+    Py_ssize_t n = wide ? 9 : 5;
+    if (pk_room(p, n) < 0)
         return -1;
     p->buf[p->len] = tag;
-    put_u32(p->buf + p->len + 1, n);
-    p->len += 5;
+    if (wide)
+        put_u64(p->buf + p->len + 1, v);
+    else
+        put_u32(p->buf + p->len + 1, (uint32_t)v);
+    p->len += n;
     return 1;
 }
 
-static int
-pk_bits(Packer *p, char tag, uint64_t bits)
-{
-    if (pk_room(p, 9) < 0)
-        return -1;
-    p->buf[p->len] = tag;
-    put_u64(p->buf + p->len + 1, bits);
-    p->len += 9;
-    return 1;
-}
+#define pk_head(p, tag, n) pk_tagged((p), (tag), (uint64_t)(n), 0)
+#define pk_bits(p, tag, bits) pk_tagged((p), (tag), (bits), 1)
 
 static int
 pk_double(Packer *p, double d)

@@ -1028,6 +1028,29 @@ def test_the_packed_pass_leaves_a_step_the_layout_cannot_carry_as_a_row(hot, mon
     assert got[True][2] == got[False][2]
 
 
+def test_the_packed_pass_without_a_summary_adds_to_none(hot, monkeypatch):
+    """SGL_PROBE_SUMMARY_S=0 (no summary line): the packed pass writes the same steps and adds
+    nothing anywhere; a Summary that is off is handed over as such and stays empty."""
+    from sgl_probe import timing
+    from sgl_probe.summary import Summary
+
+    monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)
+    monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+    got = []
+    for summary in (None, Summary(0, {"tp_rank": 0}, hot)):
+        rec = Recorder("cpu", 100, LOG, "c")
+        _scenario(rec, monkeypatch)
+        timer = rec.timer = CpuTimer(hot)
+        pk, msgs, rows = hot.PackedSteps(1 << 20), [], []
+        assert _take_packed(hot, rec.steps, timer, 10**13, True, 1000, rows, pk, summary, msgs) == 23
+        msgs.append((pk.spans, pk.finish()))
+        got.append(_unpacked(hot, msgs, rows))
+        assert not rows  # every step packed
+        if summary is not None:
+            assert summary.c_state() is None and summary._window == {}
+    assert got[0] == got[1] and len(got[0]) == 23
+
+
 def _summary_rows(seed: int, n: int) -> list:
     """Drain rows (resolved.from_row's order) of every kind the summary tells apart: decode with and
     without graphs, verify with and without an accept length, draft, extend with token buckets,

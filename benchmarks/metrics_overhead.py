@@ -7,7 +7,9 @@ verify and draft-extend phases) to: nothing (a no-op call: the pipeline without 
 thread in this process), and both; sinks get snapshots once a second, as in the server. For
 reference, the two designs not taken: prometheus_client ``observe()`` / ``inc()`` per phase into
 the multiprocess files, and the OpenTelemetry SDK's instruments (``record()`` / ``add()``) per
-phase. Rounds alternate between the variants; prints the median CPU microseconds per step (this
+phase. ``prometheus, C loop``: the Prometheus variant with the C extension's ``metrics_add`` doing
+``observe_rows``'s loop (as the probe does with its C hot path; the other variants run the Python
+loop), and its paired ratio over the no-op with the Python loop's. Rounds alternate between the variants; prints the median CPU microseconds per step (this
 thread's CPU time, so other processes on a busy machine do not count) and the difference to the
 no-op.
 
@@ -38,7 +40,7 @@ os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from sgl_probe import export, metrics, metrics_otlp, metrics_prom  # noqa: E402
+from sgl_probe import export, hotpath, metrics, metrics_otlp, metrics_prom  # noqa: E402
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep, from_row, to_row  # noqa: E402
 from sgl_probe.testing.receiver import OTLPReceiver  # noqa: E402
 from gpu_common import median_ci  # noqa: E402
@@ -144,6 +146,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     steps = workload()
+    hot = hotpath.load()  # the C extension's metrics_add (None: no compiled hot path here)
+    if hot is None:
+        raise SystemExit("metrics_overhead: no C extension (pip install builds it where a compiler is found)")
     with OTLPReceiver() as receiver:
         for key, value in receiver.env("grpc", signals=("metrics",)).items():
             os.environ[key] = value
@@ -155,6 +160,7 @@ def main() -> int:
             "prometheus": metrics.PhaseMetrics(RANKS, [prom]),
             "otlp": metrics.PhaseMetrics({**RANKS, "tp_rank": 1}, [otlp]),
             "both": metrics.PhaseMetrics({**RANKS, "tp_rank": 2}, [prom, otlp]),
+            "prometheus, C loop": metrics.PhaseMetrics({**RANKS, "tp_rank": 5}, [prom], fast=hot),
             "ref: a named copy per step": NamedCopyFeed(metrics.PhaseMetrics({**RANKS, "tp_rank": 4}, [prom])),
             "ref: prometheus_client per phase": PerPhasePrometheus(),
             "ref: OTel SDK instruments per phase": PerPhaseOtelSdk(),
@@ -185,9 +191,12 @@ def main() -> int:
     new, old = times["prometheus"], times["ref: a named copy per step"]
     feed = median_ci([a / b for a, b in zip(new, old)])
     print("prometheus / a named copy per step, paired: %.3f [%.3f, %.3f]" % (feed["median"], *feed["ci95"]))
+    noop = times["no metrics"]
+    c_loop = median_ci([(a - z) / (b - z) for a, b, z in zip(times["prometheus, C loop"], new, noop)])
+    print("prometheus over the no-op, C loop / Python loop, paired: %.3f [%.3f, %.3f]" % (c_loop["median"], *c_loop["ci95"]))
     if args.json:
         args.json.write_text(json.dumps({"rounds": args.rounds, "steps": args.steps, "variants": result,
-                                         "drain_feed_vs_named_copy": feed}, indent=2))
+                                         "drain_feed_vs_named_copy": feed, "c_loop_vs_python_loop": c_loop}, indent=2))
     return 0
 
 

@@ -33,6 +33,7 @@ static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count,
     *s__fresh, *s__ANCHOR_EVERY_NS, *s__ANCHOR_RETRY_NS, *s_refresh_anchor, *s_lookup_stream, *s_pop,
     *s_first_anchor, *s_append;
 static PyObject *s__c, *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
+static PyObject *s_data, *s_bounds, *s_add;
 static PyObject *int_one, *int_minus_one;
 static PyObject *perf_counter_ns;
 
@@ -3801,6 +3802,240 @@ fail:
     return NULL;
 }
 
+/* ---- the phase metrics' per-step accounting (metrics.PhaseMetrics.observe_rows) -------------- */
+
+/* One series' Hist, read once per call while the rows repeat its key: its ``data`` (sum, min, max,
+   then the counts) and ``bounds`` (held), and the key's objects (borrowed, compared by identity). */
+typedef struct {
+    PyObject *hist, *data, *bounds;
+    PyObject *k0, *k1, *k2;
+} HistRef;
+
+static void
+hist_ref_clear(HistRef *r)
+{
+    Py_CLEAR(r->hist);
+    Py_CLEAR(r->data);
+    Py_CLEAR(r->bounds);
+    r->k0 = r->k1 = r->k2 = NULL;
+}
+
+/* ``r`` for ``hist``: 0, or -1 where it is not laid out as metrics.Hist lays it out (an error). */
+static int
+hist_ref_set(HistRef *r, PyObject *hist)
+{
+    hist_ref_clear(r);
+    r->hist = Py_NewRef(hist);
+    r->data = PyObject_GetAttr(hist, s_data);
+    r->bounds = r->data == NULL ? NULL : PyObject_GetAttr(hist, s_bounds);
+    if (r->bounds == NULL)
+        return -1;
+    if (!PyList_CheckExact(r->data) || !PyTuple_CheckExact(r->bounds) ||
+        PyList_GET_SIZE(r->data) != PyTuple_GET_SIZE(r->bounds) + 4) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: a histogram not laid out as metrics.Hist");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r->bounds); i++)
+        if (!PyFloat_CheckExact(PyTuple_GET_ITEM(r->bounds, i))) {
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: a histogram's bounds are not floats");
+            return -1;
+        }
+    return 0;
+}
+
+/* Hist.add(value) on ``r``: ``v`` is ``value`` as a double, exact for the ints and floats it is
+   called with (others go to Hist.add itself). */
+static int
+hist_add(HistRef *r, PyObject *value, double v)
+{
+    PyObject *data = r->data, *bounds = r->bounds;
+    Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(bounds);
+    while (lo < hi) { /* bisect_left */
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(bounds, mid)) < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    PyObject *count = PyList_GET_ITEM(data, 3 + lo);
+    long long n = PyLong_CheckExact(count) ? PyLong_AsLongLong(count) : -1;
+    if (n < 0 || n == LLONG_MAX) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: a histogram's count is not a count");
+        return -1;
+    }
+    PyObject *sum = PyList_GET_ITEM(data, 0), *lo_v = PyList_GET_ITEM(data, 1), *hi_v = PyList_GET_ITEM(data, 2);
+    if (!PyFloat_CheckExact(sum) || !(PyFloat_CheckExact(lo_v) || PyLong_CheckExact(lo_v)) ||
+        !(PyFloat_CheckExact(hi_v) || PyLong_CheckExact(hi_v))) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: a histogram's sum, min or max is not a number");
+        return -1;
+    }
+    double lo_d = PyFloat_Check(lo_v) ? PyFloat_AS_DOUBLE(lo_v) : PyLong_AsDouble(lo_v);
+    double hi_d = PyFloat_Check(hi_v) ? PyFloat_AS_DOUBLE(hi_v) : PyLong_AsDouble(hi_v);
+    PyObject *count_new = PyLong_FromLongLong(n + 1), *sum_new = PyFloat_FromDouble(PyFloat_AS_DOUBLE(sum) + v);
+    if (count_new == NULL || sum_new == NULL) {
+        Py_XDECREF(count_new);
+        Py_XDECREF(sum_new);
+        return -1;
+    }
+    PyList_SetItem(data, 3 + lo, count_new);
+    PyList_SetItem(data, 0, sum_new);
+    if (v < lo_d)
+        PyList_SetItem(data, 1, Py_NewRef(value));
+    if (v > hi_d)
+        PyList_SetItem(data, 2, Py_NewRef(value));
+    return 0;
+}
+
+/* ``value`` into the Hist ``r``: in C where it is an int that a double holds exactly or a float,
+   else through Hist.add. */
+static int
+hist_add_obj(HistRef *r, PyObject *value)
+{
+    if (PyFloat_CheckExact(value))
+        return hist_add(r, value, PyFloat_AS_DOUBLE(value));
+    if (PyLong_CheckExact(value)) {
+        int overflow = 0;
+        long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (n == -1 && PyErr_Occurred())
+            return -1;
+        if (!overflow && n <= (1LL << 53) && n >= -(1LL << 53))
+            return hist_add(r, value, (double)n);
+    }
+    PyObject *res = PyObject_CallMethodOneArg(r->hist, s_add, value);
+    Py_XDECREF(res);
+    return res == NULL ? -1 : 0;
+}
+
+/* metrics_add(rows, mode_at, phases_at, phase_at, steps_of, phase_of, new_steps, new_hist,
+   accept_hist): PhaseMetrics.observe_rows's loop over the drain's rows (``phase_at``: the phase
+   row's phase, start, end, graph, mode and accept indices), the same containers changed the same
+   way; a series' first step asks Python to make it (``new_steps(mode)``, ``new_hist(key)``,
+   ``accept_hist()``). It runs on the drain thread for every step the server runs, with metrics on. */
+static PyObject *
+hot_metrics_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "metrics_add(rows, mode_at, phases_at, phase_at, steps_of, phase_of, "
+                                         "new_steps, new_hist, accept_hist)");
+        return NULL;
+    }
+    Py_ssize_t mode_at = PyLong_AsSsize_t(args[1]), phases_at = PyLong_AsSsize_t(args[2]), at[6];
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != 6 || !PyDict_Check(args[4]) || !PyDict_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "metrics_add: six phase indices and two dicts");
+        return NULL;
+    }
+    Py_ssize_t width = 0;
+    for (int i = 0; i < 6; i++) {
+        if ((at[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], i))) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "metrics_add: a negative index");
+            return NULL;
+        }
+        if (at[i] >= width)
+            width = at[i] + 1;
+    }
+    PyObject *steps_of = args[4], *phase_of = args[5];
+    PyObject *rows = PySequence_Fast(args[0], "metrics_add: the rows are a sequence");
+    if (rows == NULL)
+        return NULL;
+    HistRef ph_ref = {NULL}, acc_ref = {NULL};
+    PyObject *last_mode = NULL, *last_steps = NULL; /* borrowed / held */
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(rows); i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) <= mode_at || PyTuple_GET_SIZE(row) <= phases_at ||
+            !PyTuple_Check(PyTuple_GET_ITEM(row, phases_at))) {
+            PyErr_SetString(PyExc_ValueError, "sgl-probe: a step row without its mode or phases");
+            goto done;
+        }
+        PyObject *mode = PyTuple_GET_ITEM(row, mode_at);
+        if (mode != last_mode || last_steps == NULL) {
+            PyObject *steps = Py_XNewRef(PyDict_GetItemWithError(steps_of, mode));
+            if (steps == NULL && (PyErr_Occurred() || (steps = PyObject_CallOneArg(args[6], mode)) == NULL))
+                goto done;
+            Py_XSETREF(last_steps, steps);
+            last_mode = mode;
+        }
+        if (!PyList_CheckExact(last_steps) || PyList_GET_SIZE(last_steps) != 2) {
+            PyErr_SetString(PyExc_TypeError, "sgl-probe: a step counter not laid out as [labels, count]");
+            goto done;
+        }
+        PyObject *count = PyNumber_Add(PyList_GET_ITEM(last_steps, 1), int_one);
+        if (count == NULL)
+            goto done;
+        PyList_SetItem(last_steps, 1, count);
+        PyObject *phases = PyTuple_GET_ITEM(row, phases_at);
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(phases); j++) {
+            PyObject *ph = PyTuple_GET_ITEM(phases, j);
+            if (!PyTuple_Check(ph) || PyTuple_GET_SIZE(ph) < width) {
+                PyErr_SetString(PyExc_ValueError, "sgl-probe: a phase row too short");
+                goto done;
+            }
+            PyObject *k0 = PyTuple_GET_ITEM(ph, at[0]), *k1 = PyTuple_GET_ITEM(ph, at[4]),
+                     *k2 = PyTuple_GET_ITEM(ph, at[3]);
+            if (ph_ref.hist == NULL || k0 != ph_ref.k0 || k1 != ph_ref.k1 || k2 != ph_ref.k2) {
+                PyObject *key = PyTuple_Pack(3, k0, k1, k2);
+                if (key == NULL)
+                    goto done;
+                PyObject *hist = Py_XNewRef(PyDict_GetItemWithError(phase_of, key));
+                if (hist == NULL && !PyErr_Occurred())
+                    hist = PyObject_CallOneArg(args[7], key);
+                Py_DECREF(key);
+                int bad = hist == NULL || hist_ref_set(&ph_ref, hist) < 0;
+                Py_XDECREF(hist);
+                if (bad)
+                    goto done;
+                ph_ref.k0 = k0;
+                ph_ref.k1 = k1;
+                ph_ref.k2 = k2;
+            }
+            /* (end - start) / 1e9 */
+            PyObject *t0 = PyTuple_GET_ITEM(ph, at[1]), *t1 = PyTuple_GET_ITEM(ph, at[2]), *secs = NULL;
+            long long d;
+            if (PyLong_CheckExact(t0) && PyLong_CheckExact(t1)) {
+                int o0 = 0, o1 = 0;
+                long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
+                if ((a == -1 || b == -1) && PyErr_Occurred())
+                    goto done;
+                if (!o0 && !o1 && !__builtin_sub_overflow(b, a, &d))
+                    secs = PyFloat_FromDouble((double)d / 1e9);
+            }
+            if (secs == NULL && !PyErr_Occurred()) {
+                PyObject *span = PyNumber_Subtract(t1, t0), *billion = PyFloat_FromDouble(1e9);
+                secs = span == NULL || billion == NULL ? NULL : PyNumber_TrueDivide(span, billion);
+                Py_XDECREF(span);
+                Py_XDECREF(billion);
+            }
+            int bad = secs == NULL || hist_add_obj(&ph_ref, secs) < 0;
+            Py_XDECREF(secs);
+            if (bad)
+                goto done;
+            PyObject *accept = PyTuple_GET_ITEM(ph, at[5]);
+            if (accept != Py_None) {
+                if (acc_ref.hist == NULL) {
+                    PyObject *hist = PyObject_CallNoArgs(args[8]);
+                    bad = hist == NULL || hist_ref_set(&acc_ref, hist) < 0;
+                    Py_XDECREF(hist);
+                    if (bad)
+                        goto done;
+                }
+                if (hist_add_obj(&acc_ref, accept) < 0)
+                    goto done;
+            }
+        }
+    }
+    result = Py_NewRef(Py_None);
+done:
+    hist_ref_clear(&ph_ref);
+    hist_ref_clear(&acc_ref);
+    Py_XDECREF(last_steps);
+    Py_DECREF(rows);
+    return result;
+}
+
 /* ---- the link's STEPS message, packed (wire.encode_steps / wire.decode) ----------------------
 
    The drain hands the exporter process a second of steps at a time, as rows (tuples of ints,
@@ -4421,6 +4656,7 @@ static PyMethodDef module_methods[] = {
     {"summary_add", (PyCFunction)(void (*)(void))hot_summary_add, METH_FASTCALL, "Summary.add over the rows' phases"},
     {"ready_steps", (PyCFunction)(void (*)(void))hot_ready_steps, METH_FASTCALL, "drain.take_ready's checks"},
     {"pack_steps", (PyCFunction)(void (*)(void))hot_pack_steps, METH_FASTCALL, "the link's STEPS message, packed"},
+    {"metrics_add", (PyCFunction)(void (*)(void))hot_metrics_add, METH_FASTCALL, "PhaseMetrics.observe_rows's loop"},
     {"unpack_steps", hot_unpack_steps, METH_O, "pack_steps's message read back: (rows, kept_slow)"},
     {NULL},
 };
@@ -4504,6 +4740,9 @@ PyInit__hot(void)
     INTERN(s_accept_length, "accept_length");
     INTERN(s_error, "error");
     INTERN(s_phase, "phase");
+    INTERN(s_data, "data");
+    INTERN(s_bounds, "bounds");
+    INTERN(s_add, "add");
     if ((int_one = PyLong_FromLong(1)) == NULL || (int_minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;
     PyObject *time_mod = PyImport_ImportModule("time");

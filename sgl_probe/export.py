@@ -109,7 +109,7 @@ class Pipeline:
             if not in_process:
                 self.sink.pack = getattr(getattr(recorder, "c", None), "pack_steps", None)
         self.metrics = metrics_setup.phase_metrics(
-            ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics)
+            ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics, fast=getattr(recorder, "c", None))
         # The packed pass: with every step exported and nothing else reading the drain's rows,
         # the C drain writes the steps straight into the link's message (see drain.take_ready).
         packed = getattr(getattr(recorder, "c", None), "PackedSteps", None)

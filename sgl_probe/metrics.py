@@ -14,8 +14,9 @@ Two outputs, each only when the user asked for it:
 ``observe_rows`` with the steps as they are resolved (``observe_step`` for one), and
 ``maybe_flush`` when idle.
 
-Steps are aggregated here, in plain Python (a bisect and a few additions per phase, 1-2 µs per
-step); the sinks get cumulative snapshots at most once per ``flush_s``. Recording each phase
+Steps are aggregated here (a bisect and a few additions per phase: in Python ~0.7-1.6 µs per step,
+with the C hot path its ``metrics_add`` ~0.2, on the drain thread, which holds the GIL for it); the
+sinks get cumulative snapshots at most once per ``flush_s``. Recording each phase
 into prometheus_client's multiprocess files or the OpenTelemetry SDK's instruments costs 7x to
 15x that (BENCHMARKS.md, "Metrics path"). A failure in a sink costs one
 log line and switches the metrics off; it never reaches the caller.
@@ -34,36 +35,55 @@ from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 log = logging.getLogger("sgl_probe")
 
 _INF = float("inf")
+#: Where a Hist's counts start in its ``data`` (after sum, min, max).
+_COUNTS = 3
 #: Where a resolved step's and phase's fields sit in their rows.
 _MODE, _PHASES = ResolvedStep._fields.index("mode"), ResolvedStep._fields.index("phases")
-_PH_PHASE, _PH_START, _PH_END, _PH_GRAPH, _PH_MODE, _PH_ACCEPT = (
+_PH_AT = _PH_PHASE, _PH_START, _PH_END, _PH_GRAPH, _PH_MODE, _PH_ACCEPT = tuple(
     ResolvedPhase._fields.index(f) for f in ("phase", "start_ns", "end_ns", "graph", "mode", "accept_length"))
 
 
 class Hist:
     """Cumulative histogram of one series; ``counts[i]`` holds values in (bounds[i-1], bounds[i]]
-    (the last slot is above every bound), as prometheus_client stores its buckets."""
+    (the last slot is above every bound), as prometheus_client stores its buckets. Its numbers
+    live in one list, ``data`` (sum, min, max, then the counts), which the C extension's
+    ``metrics_add`` updates in place as :meth:`add` does."""
 
-    __slots__ = ("labels", "bounds", "counts", "sum", "min", "max")
+    __slots__ = ("labels", "bounds", "data")
 
     def __init__(self, labels: dict[str, str], bounds: Sequence[float]) -> None:
         self.labels = labels
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        self.min = _INF
-        self.max = -_INF
+        self.bounds = tuple(bounds)
+        self.data: list = [0.0, _INF, -_INF] + [0] * (len(self.bounds) + 1)
+
+    @property
+    def counts(self) -> list:
+        return self.data[_COUNTS:]
+
+    @property
+    def sum(self) -> float:
+        return self.data[0]
+
+    @property
+    def min(self) -> float:
+        return self.data[1]
+
+    @property
+    def max(self) -> float:
+        return self.data[2]
 
     def add(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
+        data = self.data
+        data[_COUNTS + bisect_left(self.bounds, value)] += 1
+        data[0] += value
+        if value < data[1]:
+            data[1] = value
+        if value > data[2]:
+            data[2] = value
 
     def frozen(self) -> "HistPoint":
-        return HistPoint(self.labels, tuple(self.bounds), tuple(self.counts), self.sum, self.min, self.max)
+        data = self.data
+        return HistPoint(self.labels, self.bounds, tuple(data[_COUNTS:]), data[0], data[1], data[2])
 
 
 class HistPoint(NamedTuple):
@@ -107,7 +127,11 @@ class PhaseMetrics:
     """The metrics of one rank (a scheduler process, or one rank's stream in an exporter).
     Not thread-safe: call it from the one thread that receives the rank's steps."""
 
-    def __init__(self, ident: Mapping[str, Any], sinks: Sequence[Sink], flush_s: float = 1.0) -> None:
+    def __init__(self, ident: Mapping[str, Any], sinks: Sequence[Sink], flush_s: float = 1.0,
+                 fast: Any = None) -> None:
+        """``fast``: the C hot path module (:mod:`sgl_probe.hotpath`), whose ``metrics_add`` does
+        :meth:`observe_rows`'s loop in C; None: Python."""
+        self._fast_add = getattr(fast, "metrics_add", None)
         self.sinks = list(sinks)
         self.ranks = rank_labels(ident)
         self.flush_ns = int(flush_s * 1e9)
@@ -133,30 +157,48 @@ class PhaseMetrics:
         if self.failed:
             return
         try:
-            steps_of, phase_of, ranks = self._steps, self._phase, self.ranks
+            if self._fast_add is not None:  # the same loop in C, for every step the server runs
+                self._fast_add(rows, _MODE, _PHASES, _PH_AT, self._steps, self._phase, self._new_steps,
+                               self._new_hist, self._accept_hist)
+                self._dirty = self._dirty or bool(rows)
+                self.maybe_flush()
+                return
+            steps_of, phase_of = self._steps, self._phase
             for row in rows:
                 mode = row[_MODE]
                 steps = steps_of.get(mode)
                 if steps is None:
-                    steps = steps_of[mode] = [{"forward_mode": mode or "unknown", **ranks}, 0]
+                    steps = self._new_steps(mode)
                 steps[1] += 1
                 for ph in row[_PHASES]:
                     key = (ph[_PH_PHASE], ph[_PH_MODE], ph[_PH_GRAPH])
                     hist = phase_of.get(key)
                     if hist is None:
-                        hist = phase_of[key] = Hist({
-                            "phase": key[0], "forward_mode": key[1] or "unknown",
-                            "cuda_graph": "true" if key[2] else "false", **ranks}, PHASE_SECONDS_BUCKETS)
+                        hist = self._new_hist(key)
                     hist.add((ph[_PH_END] - ph[_PH_START]) / 1e9)
                     accept = ph[_PH_ACCEPT]
                     if accept is not None:
-                        if self._accept is None:
-                            self._accept = Hist(dict(ranks), ACCEPT_LENGTH_BUCKETS)
-                        self._accept.add(accept)
+                        self._accept_hist().add(accept)
                 self._dirty = True
             self.maybe_flush()
         except Exception as exc:
             self._fail("observe_rows", exc)
+
+    # -- what ``metrics_add`` asks for at a series' first step ------------------------------------
+    def _new_steps(self, mode: Any) -> list:
+        steps = self._steps[mode] = [{"forward_mode": mode or "unknown", **self.ranks}, 0]
+        return steps
+
+    def _new_hist(self, key: tuple) -> Hist:
+        hist = self._phase[key] = Hist({
+            "phase": key[0], "forward_mode": key[1] or "unknown",
+            "cuda_graph": "true" if key[2] else "false", **self.ranks}, PHASE_SECONDS_BUCKETS)
+        return hist
+
+    def _accept_hist(self) -> Hist:
+        if self._accept is None:
+            self._accept = Hist(dict(self.ranks), ACCEPT_LENGTH_BUCKETS)
+        return self._accept
 
     def set_dropped(self, total: int) -> None:
         """The rank's total of dropped steps so far (the counter follows it up)."""

@@ -33,10 +33,11 @@ def build_sinks(environ: Mapping[str, str], resource: Any = None) -> list:
 
 
 def phase_metrics(ident: Mapping[str, Any], resource: Any = None, mode: str = "auto",
-                  environ: Optional[Mapping[str, str]] = None) -> Optional[PhaseMetrics]:
+                  environ: Optional[Mapping[str, str]] = None, fast: Any = None) -> Optional[PhaseMetrics]:
     """This rank's metrics over the process's sinks (built once per process), or None when no
     metrics were asked for. ``resource``: the OpenTelemetry Resource of the process (OTLP);
-    ``mode``: ``SGL_PROBE_METRICS`` (``Config.metrics``), ``off`` builds nothing."""
+    ``mode``: ``SGL_PROBE_METRICS`` (``Config.metrics``), ``off`` builds nothing; ``fast``: the C
+    hot path module, which adds the steps in C (see :class:`PhaseMetrics`)."""
     global _SINKS
     if mode == "off":
         return None
@@ -44,7 +45,7 @@ def phase_metrics(ident: Mapping[str, Any], resource: Any = None, mode: str = "a
         if _SINKS is None or _SINKS[0] != os.getpid():
             _SINKS = (os.getpid(), build_sinks(os.environ if environ is None else environ, resource))
         sinks = _SINKS[1]
-    return PhaseMetrics(ident, sinks) if sinks else None
+    return PhaseMetrics(ident, sinks, fast=fast) if sinks else None
 
 
 def shutdown(timeout_s: float = 3.0) -> None:

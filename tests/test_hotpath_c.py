@@ -1077,6 +1077,58 @@ def _summary_rows(seed: int, n: int) -> list:
     return rows
 
 
+def test_the_c_metrics_add_the_rows_as_the_python_loop(hot):
+    """PhaseMetrics.observe_rows in C (``metrics_add``) changes the same series the same way as
+    the Python loop: step counts by mode (None among them), every (phase, mode, graph) histogram's
+    counts, sum, min and max (types included: an int accept length stays an int as min / max),
+    accept lengths; times beyond a long long and an accept length that is not an int or float go
+    through the Python arithmetic; the snapshots the sinks get are equal."""
+    import fractions
+
+    from sgl_probe import metrics
+
+    def snap(m):
+        got = m.snapshot()
+        return got.phases, got.steps, got.accept_length, m._dirty
+
+    for seed in range(4):
+        py = metrics.PhaseMetrics({"tp_rank": 0}, [], flush_s=3600)
+        c = metrics.PhaseMetrics({"tp_rank": 0}, [], flush_s=3600, fast=hot)
+        assert c._fast_add is not None and py._fast_add is None
+        for chunk in range(5):
+            rows = _summary_rows(seed * 100 + chunk, 60)
+            if chunk == 2:
+                rows = [r[:3] + (None,) + r[4:] for r in rows[:20]] + rows[20:]  # mode None: "unknown"
+            if chunk == 3:
+                ph = ("verify", 10, 10 + 3_000_000, True, "TARGET_VERIFY", 1, 1, 0.1, "t", fractions.Fraction(5, 2),
+                      None, None, None, None)
+                rows.append((999, 0, 1, "DECODE", 1, 1, 0.1, "cuda", (ph,), None))
+            py.observe_rows(rows)
+            c.observe_rows(rows)
+            assert not py.failed and not c.failed
+            assert snap(c) == snap(py)
+        phases = snap(c)[0]
+        accept = snap(c)[2]
+        assert len(phases) > 10 and (type(accept.min), type(accept.max)) == (float, int)  # 1.5, 3
+        assert {h.labels["forward_mode"] for h in phases} >= {"DECODE", "EXTEND", "TARGET_VERIFY"}
+        assert sum(h.count for h in phases) == sum(len(r[8]) for chunk in range(5)
+                                                    for r in _summary_rows(seed * 100 + chunk, 60)) + 1
+
+
+def test_the_c_metrics_fail_as_the_python_loop_does(hot, caplog):
+    """A row the loop cannot read: both switch the metrics off with one log line; the C loop
+    never crashes on it."""
+    from sgl_probe import metrics
+
+    for fast in (None, hot):
+        m = metrics.PhaseMetrics({"tp_rank": 0}, [], flush_s=3600, fast=fast)
+        with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+            caplog.clear()
+            m.observe_rows([(0, 0, 1, "DECODE", 1, 1, 0.1, "cuda", (("decode", "x", 5, True),), None)])
+        assert m.failed
+        assert [r.getMessage().split(" after ")[0] for r in caplog.records] == ["sgl-probe: metrics disabled in this process"]
+
+
 def test_the_c_summary_adds_as_the_python_one(hot):
     """The drain's per-phase accounting for the summary line in C changes the same state the same
     way (shapes seen, the window's items, launch leads, accept lengths, the decode history), and

@@ -3844,7 +3844,8 @@ hist_ref_set(HistRef *r, PyObject *hist)
 }
 
 /* Hist.add(value) on ``r``: ``v`` is ``value`` as a double, exact for the ints and floats it is
-   called with (others go to Hist.add itself). */
+   called with (others go to Hist.add itself). 1 done, 0 not here (a sum, min or max that is not a
+   float or an int, e.g. an odd value Hist.add kept as its min: Hist.add itself), -1 error. */
 static int
 hist_add(HistRef *r, PyObject *value, double v)
 {
@@ -3858,20 +3859,17 @@ hist_add(HistRef *r, PyObject *value, double v)
             hi = mid;
     }
     PyObject *count = PyList_GET_ITEM(data, 3 + lo);
-    long long n = PyLong_CheckExact(count) ? PyLong_AsLongLong(count) : -1;
-    if (n < 0 || n == LLONG_MAX) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "sgl-probe: a histogram's count is not a count");
-        return -1;
-    }
     PyObject *sum = PyList_GET_ITEM(data, 0), *lo_v = PyList_GET_ITEM(data, 1), *hi_v = PyList_GET_ITEM(data, 2);
-    if (!PyFloat_CheckExact(sum) || !(PyFloat_CheckExact(lo_v) || PyLong_CheckExact(lo_v)) ||
-        !(PyFloat_CheckExact(hi_v) || PyLong_CheckExact(hi_v))) {
-        PyErr_SetString(PyExc_TypeError, "sgl-probe: a histogram's sum, min or max is not a number");
-        return -1;
+    if (!PyLong_CheckExact(count) || !PyFloat_CheckExact(sum) || !(PyFloat_CheckExact(lo_v) || PyLong_CheckExact(lo_v)) ||
+        !(PyFloat_CheckExact(hi_v) || PyLong_CheckExact(hi_v)))
+        return 0;
+    long long n = PyLong_AsLongLong(count);
+    double lo_d = PyFloat_CheckExact(lo_v) ? PyFloat_AS_DOUBLE(lo_v) : PyLong_AsDouble(lo_v);
+    double hi_d = PyFloat_CheckExact(hi_v) ? PyFloat_AS_DOUBLE(hi_v) : PyLong_AsDouble(hi_v);
+    if (PyErr_Occurred() || n < 0 || n == LLONG_MAX) { /* a count or a min / max no double holds */
+        PyErr_Clear();
+        return 0;
     }
-    double lo_d = PyFloat_Check(lo_v) ? PyFloat_AS_DOUBLE(lo_v) : PyLong_AsDouble(lo_v);
-    double hi_d = PyFloat_Check(hi_v) ? PyFloat_AS_DOUBLE(hi_v) : PyLong_AsDouble(hi_v);
     PyObject *count_new = PyLong_FromLongLong(n + 1), *sum_new = PyFloat_FromDouble(PyFloat_AS_DOUBLE(sum) + v);
     if (count_new == NULL || sum_new == NULL) {
         Py_XDECREF(count_new);
@@ -3884,7 +3882,7 @@ hist_add(HistRef *r, PyObject *value, double v)
         PyList_SetItem(data, 1, Py_NewRef(value));
     if (v > hi_d)
         PyList_SetItem(data, 2, Py_NewRef(value));
-    return 0;
+    return 1;
 }
 
 /* ``value`` into the Hist ``r``: in C where it is an int that a double holds exactly or a float,
@@ -3892,16 +3890,20 @@ hist_add(HistRef *r, PyObject *value, double v)
 static int
 hist_add_obj(HistRef *r, PyObject *value)
 {
-    if (PyFloat_CheckExact(value))
-        return hist_add(r, value, PyFloat_AS_DOUBLE(value));
-    if (PyLong_CheckExact(value)) {
+    int done = 0;
+    if (PyFloat_CheckExact(value)) {
+        done = hist_add(r, value, PyFloat_AS_DOUBLE(value));
+    }
+    else if (PyLong_CheckExact(value)) {
         int overflow = 0;
         long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
         if (n == -1 && PyErr_Occurred())
             return -1;
         if (!overflow && n <= (1LL << 53) && n >= -(1LL << 53))
-            return hist_add(r, value, (double)n);
+            done = hist_add(r, value, (double)n);
     }
+    if (done != 0)
+        return done < 0 ? -1 : 0;
     PyObject *res = PyObject_CallMethodOneArg(r->hist, s_add, value);
     Py_XDECREF(res);
     return res == NULL ? -1 : 0;

@@ -71,8 +71,7 @@ def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
             if not take_ready(rec.steps, rec.timer, clock(), False, export.CHUNK, left, pk, pipe.summary):
                 break
             n += pk.rows - before + len(left)
-            if pk.full or pk.rows >= wire.CHUNK_STEPS or \
-                    pk.nbytes + export.CHUNK * pk.nbytes // max(1, pk.rows) > wire.MAX_MESSAGE:
+            if export.packed_due(pk):
                 msgs.append(pk.finish())
         msgs.append(pk.finish())
         del msgs, left

@@ -2480,28 +2480,47 @@ error_or_none(TakeCtx *c, PyObject *error)
     return PyObject_CallOneArg(c->error_text, error);
 }
 
-/* (t1 - t0) / 1e6 as Python computes it: the exact difference, rounded once to a float, divided.
-   In C where both fit a long long and so does their difference. */
-static PyObject *
-ms_of(PyObject *t0, PyObject *t1)
+/* (t1 - t0) / div as Python computes it: the exact difference, rounded once to a float, divided.
+   span_c: its C way, where both are ints that fit a long long and so does their difference (1 and
+   ``*out``; 0 where it does not apply; -1 error); span_of: that, else Python's arithmetic. */
+static int
+span_c(PyObject *t0, PyObject *t1, double div, double *out)
 {
-    if (PyLong_CheckExact(t0) && PyLong_CheckExact(t1)) {
-        int o0 = 0, o1 = 0;
-        long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
-        if ((a == -1 || b == -1) && PyErr_Occurred())
-            return NULL;
-        long long d;
-        if (!o0 && !o1 && !__builtin_sub_overflow(b, a, &d))
-            return PyFloat_FromDouble((double)d / 1e6);
-    }
+    if (!PyLong_CheckExact(t0) || !PyLong_CheckExact(t1))
+        return 0;
+    int o0 = 0, o1 = 0;
+    long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
+    if ((a == -1 || b == -1) && PyErr_Occurred())
+        return -1;
+    long long d;
+    if (o0 || o1 || __builtin_sub_overflow(b, a, &d))
+        return 0;
+    *out = (double)d / div;
+    return 1;
+}
+
+static PyObject *
+span_of(PyObject *t0, PyObject *t1, double div)
+{
+    double v;
+    int r = span_c(t0, t1, div, &v);
+    if (r != 0)
+        return r < 0 ? NULL : PyFloat_FromDouble(v);
     PyObject *span = PyNumber_Subtract(t1, t0);
     if (span == NULL)
         return NULL;
-    PyObject *million = PyFloat_FromDouble(1e6);
-    PyObject *ms = million == NULL ? NULL : PyNumber_TrueDivide(span, million);
-    Py_XDECREF(million);
+    PyObject *by = PyFloat_FromDouble(div);
+    PyObject *q = by == NULL ? NULL : PyNumber_TrueDivide(span, by);
+    Py_XDECREF(by);
     Py_DECREF(span);
-    return ms;
+    return q;
+}
+
+/* A phase's or a step's host time in ms, from its host clock values. */
+static PyObject *
+ms_of(PyObject *t0, PyObject *t1)
+{
+    return span_of(t0, t1, 1e6);
 }
 
 /* A step resolved to C values: what resolve_row turns into a row, or pack_vals writes straight
@@ -3994,23 +4013,7 @@ hot_metrics_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 ph_ref.k1 = k1;
                 ph_ref.k2 = k2;
             }
-            /* (end - start) / 1e9 */
-            PyObject *t0 = PyTuple_GET_ITEM(ph, at[1]), *t1 = PyTuple_GET_ITEM(ph, at[2]), *secs = NULL;
-            long long d;
-            if (PyLong_CheckExact(t0) && PyLong_CheckExact(t1)) {
-                int o0 = 0, o1 = 0;
-                long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
-                if ((a == -1 || b == -1) && PyErr_Occurred())
-                    goto done;
-                if (!o0 && !o1 && !__builtin_sub_overflow(b, a, &d))
-                    secs = PyFloat_FromDouble((double)d / 1e9);
-            }
-            if (secs == NULL && !PyErr_Occurred()) {
-                PyObject *span = PyNumber_Subtract(t1, t0), *billion = PyFloat_FromDouble(1e9);
-                secs = span == NULL || billion == NULL ? NULL : PyNumber_TrueDivide(span, billion);
-                Py_XDECREF(span);
-                Py_XDECREF(billion);
-            }
+            PyObject *secs = span_of(PyTuple_GET_ITEM(ph, at[1]), PyTuple_GET_ITEM(ph, at[2]), 1e9);
             int bad = secs == NULL || hist_add_obj(&ph_ref, secs) < 0;
             Py_XDECREF(secs);
             if (bad)
@@ -4331,24 +4334,6 @@ pk_flag(Packer *p, PyObject *v)
     return pk_value(p, v, 1); /* None, True, False */
 }
 
-/* ms_of(t0, t1) where it takes its C way (both ints that fit, and their difference): 1 and
-   ``*out``; 0 where it does not; -1 error. */
-static int
-ms_c(PyObject *t0, PyObject *t1, double *out)
-{
-    if (!PyLong_CheckExact(t0) || !PyLong_CheckExact(t1))
-        return 0;
-    int o0 = 0, o1 = 0;
-    long long a = PyLong_AsLongLongAndOverflow(t0, &o0), b = PyLong_AsLongLongAndOverflow(t1, &o1);
-    if ((a == -1 || b == -1) && PyErr_Occurred())
-        return -1;
-    long long d;
-    if (o0 || o1 || __builtin_sub_overflow(b, a, &d))
-        return 0;
-    *out = (double)d / 1e6;
-    return 1;
-}
-
 /* The step's row (row_of_vals's) written as pk_value writes a row: 1, or 0 where a value has no tag
    in the layout (nothing written: the caller makes the row), -1 error (nothing written). */
 static int
@@ -4357,7 +4342,7 @@ pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v)
     Packer *p = &pk->p;
     Py_ssize_t mark = p->len;
     double step_ms, host_ms;
-    int r = ms_c(st->host0, st->host1, &step_ms);
+    int r = span_c(st->host0, st->host1, 1e6, &step_ms);
 #define PK(call)                                                                                               \
     if (r > 0)                                                                                                 \
     r = (call)
@@ -4375,7 +4360,7 @@ pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v)
     for (Py_ssize_t k = 0; k < v->n && r > 0; k++) {
         PhaseVals *pv = &v->ph[k];
         PhaseRecordObject *ph = pv->ph;
-        PK(ms_c(ph->host0, ph->host1, &host_ms));
+        PK(span_c(ph->host0, ph->host1, 1e6, &host_ms));
         PK(pk_head(p, 't', 14));
         PK(pk_value(p, ph->phase, 4));
         PK(pk_bits(p, 'i', (uint64_t)pv->t0));

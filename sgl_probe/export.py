@@ -41,6 +41,14 @@ YIELD_AFTER_NS = 500_000
 YIELD_S = 50e-6
 
 
+def packed_due(packed: Any) -> bool:
+    """Whether the drain's packed pass sends its message now: full, ``wire.CHUNK_STEPS`` steps, or
+    before the next chunk might not fit (the take would stop at the limit, and read the rest's GPU
+    times again for the next message)."""
+    return packed.full or packed.rows >= wire.CHUNK_STEPS or \
+        packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE
+
+
 class InProcessSink:
     """Spans built and exported in this process (the fallback when no exporter process runs)."""
 
@@ -200,10 +208,7 @@ class Pipeline:
                 done += len(rows)
                 if packed is not None:
                     done += packed.rows - before
-                    # Sent before the next chunk might not fit (the take would stop at the limit,
-                    # and read the rest's GPU times again for the next message).
-                    if packed.full or packed.rows >= wire.CHUNK_STEPS or \
-                            packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE:
+                    if packed_due(packed):
                         sink.send_packed(packed)
                 else:  # (the packed pass adds its steps to the summary itself; no metrics then)
                     self.observe_rows(rows)

@@ -800,9 +800,12 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
                                              ("selfyield", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_YIELD_US": "50",
                                                             "SGL_BENCH_DRAIN_CHUNK": "4"}),
                                              ("selfbatch", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "64",
-                                                            "SGL_BENCH_KEEP_GIL": "1"})])
-def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches):
+                                                            "SGL_BENCH_KEEP_GIL": "1"}),
+                                             ("selfdrain", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": "0.1"})])
+def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches, monkeypatch):
     import device
+
+    monkeypatch.delenv("GPU_BENCH_DRAIN_S", raising=False)
 
     probe, env = device.ab_env("probe", "127.0.0.1:1"), device.ab_env(kind, "127.0.0.1:1")
     assert {k: env.pop(k) for k in switches} == switches and env.pop("OTEL_SERVICE_NAME") == f"sglang-{kind}"

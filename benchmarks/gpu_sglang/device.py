@@ -940,9 +940,12 @@ def ab_judge(windows: dict) -> dict:
 #: release: 500 µs, 64). ``selfbatch``: as ``self``, the drain taking 64 steps between two checks
 #: of its budget and reading their GPU times without releasing the GIL (``gil``'s read): fewer
 #: hand-overs, each stretch one hold (what releases since h100-5 do by default: the kind is for
-#: the revisions before).
+#: the revisions before). ``selfdrain``: as ``self``, the drain passing every
+#: ``GPU_BENCH_DRAIN_S`` seconds (``SGL_PROBE_DRAIN_S``; 0.1 unless set; the release: 1): whether
+#: steps the drain reads sooner, from caches SGLang has not yet evicted them from, cost less
+#: than the extra GIL hand-overs of more passes.
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
-              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch")
+              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -978,7 +981,9 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "selfyield": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_YIELD_US": "50",
                           "SGL_BENCH_DRAIN_CHUNK": "4", "OTEL_SERVICE_NAME": "sglang-selfyield"},
             "selfbatch": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "64", "SGL_BENCH_KEEP_GIL": "1",
-                          "OTEL_SERVICE_NAME": "sglang-selfbatch"}}[kind]
+                          "OTEL_SERVICE_NAME": "sglang-selfbatch"},
+            "selfdrain": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": os.environ.get("GPU_BENCH_DRAIN_S", "0.1"),
+                          "OTEL_SERVICE_NAME": "sglang-selfdrain"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

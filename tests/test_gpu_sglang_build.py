@@ -801,7 +801,9 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
                                                             "SGL_BENCH_DRAIN_CHUNK": "4"}),
                                              ("selfbatch", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "64",
                                                             "SGL_BENCH_KEEP_GIL": "1"}),
-                                             ("selfdrain", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": "0.1"})])
+                                             ("selfdrain", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": "0.1"}),
+                                             ("selfchunk", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "512",
+                                                            "SGL_BENCH_DRAIN_YIELD_US": "2000"})])
 def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches, monkeypatch):
     import device
 

@@ -943,9 +943,11 @@ def ab_judge(windows: dict) -> dict:
 #: the revisions before). ``selfdrain``: as ``self``, the drain passing every
 #: ``GPU_BENCH_DRAIN_S`` seconds (``SGL_PROBE_DRAIN_S``; 0.1 unless set; the release: 1): whether
 #: steps the drain reads sooner, from caches SGLang has not yet evicted them from, cost less
-#: than the extra GIL hand-overs of more passes.
+#: than the extra GIL hand-overs of more passes. ``selfchunk``: as ``self``, the drain taking 512 steps
+#: between two checks of its 2 ms stretch budget (the release: 64, 500 µs): fewer of the drain's own
+#: Python calls around each chunk and fewer hand-overs, each stretch longer.
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
-              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain")
+              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -983,7 +985,9 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "selfbatch": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "64", "SGL_BENCH_KEEP_GIL": "1",
                           "OTEL_SERVICE_NAME": "sglang-selfbatch"},
             "selfdrain": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": os.environ.get("GPU_BENCH_DRAIN_S", "0.1"),
-                          "OTEL_SERVICE_NAME": "sglang-selfdrain"}}[kind]
+                          "OTEL_SERVICE_NAME": "sglang-selfdrain"},
+            "selfchunk": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "512",
+                          "SGL_BENCH_DRAIN_YIELD_US": "2000", "OTEL_SERVICE_NAME": "sglang-selfchunk"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

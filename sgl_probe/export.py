@@ -26,9 +26,9 @@ from sgl_probe.summary import Summary
 log = logging.getLogger("sgl_probe")
 
 #: Steps resolved (and summarised, and sampled) at a time. Each chunk costs a few Python calls and
-#: resumes on caches the scheduler's launches emptied; 64 keeps that per-step share small while
-#: a chunk stays well under the yield budget below.
-CHUNK = 64
+#: resumes on caches the scheduler's launches emptied; 128 keeps that per-step share small while
+#: a chunk stays near the yield budget below on a slow host (~4-6 µs a step).
+CHUNK = 128
 #: Drain work between two GIL hand-overs. A pass over a second's backlog takes milliseconds, and a
 #: scheduler thread that wants the GIL would otherwise wait for all of it (up to the 5 ms switch
 #: interval). Each hand-over costs too: the scheduler takes the GIL and this thread waits for
@@ -42,11 +42,11 @@ YIELD_S = 50e-6
 
 
 def packed_due(packed: Any) -> bool:
-    """Whether the drain's packed pass sends its message now: full, ``wire.CHUNK_STEPS`` steps, or
-    before the next chunk might not fit (the take would stop at the limit, and read the rest's GPU
-    times again for the next message)."""
-    return packed.full or packed.rows >= wire.CHUNK_STEPS or \
-        packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE
+    """Whether the drain's packed pass sends its message now: full, or before the next chunk might
+    not fit (the take would stop at the limit, and read the rest's GPU times again for the next
+    message). Not before: each send is a few Python calls and three system calls, each of which
+    hands the GIL to a scheduler thread that wants it, and this thread then waits to get it back."""
+    return packed.full or packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE
 
 
 class InProcessSink:
@@ -223,11 +223,12 @@ class Pipeline:
                                 kept.append(row)
                                 kept_slow.append(slow)
                 if taken == CHUNK and steps and time.perf_counter_ns() - held >= YIELD_AFTER_NS:
-                    if kept:  # sent before the hand-over: a pass's last stretch does not pack all of it
+                    # Rows are sent before the hand-over, so a pass's last stretch does not pickle
+                    # all of them; the packed pass wrote its steps as it took them, and sends once
+                    # the message is due or the pass ends.
+                    if kept:
                         sink.send_steps(kept, kept_slow)
                         kept, kept_slow = [], []
-                    if packed is not None and packed.rows:
-                        sink.send_packed(packed)
                     time.sleep(YIELD_S)  # let a waiting scheduler thread have the GIL (see YIELD_AFTER_NS)
                     held = time.perf_counter_ns()
             if packed is not None and packed.rows:

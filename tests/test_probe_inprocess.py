@@ -420,14 +420,16 @@ class _Refill:
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed_pass", "rows"])
 def test_a_long_pass_sends_what_it_kept_before_each_hand_over_of_the_gil(probe_factory, receiver, monkeypatch, packed):
-    """A pass over a backlog hands the GIL over between stretches; what it kept so far leaves
-    before each hand-over, so no stretch packs the whole pass (the last one used to), and every
-    step still arrives once. With the C extension the steps go as the packed pass wrote them;
-    without it (or with anything else reading the rows) as rows."""
+    """A pass over a backlog hands the GIL over between stretches, and every step arrives once.
+    Rows (without the C extension, or with anything else reading them) leave before each
+    hand-over, so no stretch pickles the whole pass (the last one used to). The packed pass,
+    which wrote its steps as it took them, sends once, at the end of the pass: each send would
+    hand the GIL to the scheduler thread again."""
     from sgl_probe import export
 
     probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_SUMMARY_S": "3600", "SGL_PROBE_DRAIN_S": "3600"})
     monkeypatch.setattr(export, "YIELD_AFTER_NS", 0)  # hand over after every chunk that leaves steps behind
+    monkeypatch.setattr(export, "CHUNK", 16)  # the pass's steps fit one packed message
     sched = workload.Scheduler(None, tp_rank=0)  # the pipeline starts with the scheduler
     sched.worker.work_s = 0.0
     events = []
@@ -466,13 +468,51 @@ def test_a_long_pass_sends_what_it_kept_before_each_hand_over_of_the_gil(probe_f
         sched.run_batch(Batch(ForwardMode.DECODE, 2))
     assert probe.pipeline.drain() == n
     kinds = [e[0] for e in events]
-    assert kinds == ["send", "yield"] * 3 + ["send"]
     sent = [e[1] for e in events if e[0] == "send"]
-    assert [len(b) for b in sent] == [export.CHUNK] * 3 + [5]
+    if packed:
+        assert kinds == ["yield"] * 3 + ["send"]
+        assert [len(b) for b in sent] == [n]
+    else:
+        assert kinds == ["send", "yield"] * 3 + ["send"]
+        assert [len(b) for b in sent] == [export.CHUNK] * 3 + [5]
     assert [i for b in sent for i in b] == list(range(1, n + 1))
     receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= n, timeout=10)
     time.sleep(0.2)
     assert sorted(s.attributes["sglang.step_index"] for s in receiver.spans() if s.name == "sglang.step") == list(range(1, n + 1))
+
+
+def test_the_packed_pass_sends_a_message_only_once_the_next_chunk_might_not_fit(probe_factory, receiver, monkeypatch):
+    """A pass larger than one message: the packed pass sends when the next chunk of steps might
+    overflow the message (or the take found it full), not every few steps, and at the pass's end;
+    every message stays under the limit and every step arrives once."""
+    from sgl_probe import export, wire
+
+    probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_SUMMARY_S": "3600", "SGL_PROBE_DRAIN_S": "3600"})
+    sched = workload.Scheduler(None, tp_rank=0)  # the pipeline starts with the scheduler
+    sched.worker.work_s = 0.0
+    if probe.pipeline._packed_type is None:
+        pytest.skip("no C extension: no packed pass")
+    sink, sent = probe.pipeline.sink, []
+    real_packed = sink.send_packed
+
+    def send_packed(pk):
+        due = export.packed_due(pk)
+        data = pk.finish()
+        rows, _slow = probe.recorder.c.unpack_steps(data)
+        sent.append((due, len(data), [st[0] for st in rows]))
+        return real_packed(_Refill(data, len(rows) + sum(len(r[8]) for r in rows)))
+
+    monkeypatch.setattr(sink, "send_packed", send_packed)
+    n = 800  # over two messages, under the exporter's span queue (2048)
+    for _ in range(n):
+        sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    assert probe.pipeline.drain() == n
+    per_step = sum(m[1] for m in sent) / n
+    assert len(sent) >= 2 and all(m[1] <= wire.MAX_MESSAGE for m in sent)
+    assert all(due for due, _, _ in sent[:-1])  # none sent before it had to be
+    assert len(sent) <= n * per_step // (wire.MAX_MESSAGE - export.CHUNK * 2 * per_step) + 1
+    assert [i for m in sent for i in m[2]] == list(range(1, n + 1))
+    receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= n, timeout=10)
 
 
 def test_shutdown_waits_for_a_drain_pass_already_under_way(probe_factory, tmp_path):

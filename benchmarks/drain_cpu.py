@@ -12,7 +12,12 @@ and the summary, no rows), each pass beside the rows' one, either first by turns
 their ratio per run. Wall time per step (the loop is single-threaded and the machine otherwise
 idle), median over ``--passes`` passes after ``--warmup``; each run a fresh process.
 
-    python3 benchmarks/drain_cpu.py [--steps 540] [--passes 20] [--runs 4] [--compare REV] [--json FILE]
+``--metrics``: both passes also feed the phase metrics (a ``PhaseMetrics`` with the C loop and no
+sink: what ``--enable-metrics`` or OTLP metrics add to the drain thread), the rows' pass through
+``observe_rows`` with the summary, the packed pass as it takes each step (releases that do not
+feed metrics from the packed pass run the rows' pass only).
+
+    python3 benchmarks/drain_cpu.py [--steps 540] [--passes 20] [--runs 4] [--metrics] [--compare REV] [--json FILE]
 
 ``--compare REV``: the same in fresh processes with git revision REV's probe (its C hot path
 compiled), runs alternating, with the paired ratio of ``all`` per run, this tree over REV.
@@ -34,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 STAGES = ("take", "summary", "encode", "all", "packed_pass")
 
 
-def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
+def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool = False) -> dict:
     sys.path[:0] = [root, str(HERE)]
     os.environ.update({"SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
                        "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
@@ -57,6 +62,14 @@ def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
     pack = getattr(rec.c, "pack_steps", None) if packs else None
     clock = time.perf_counter_ns
     packed_type = getattr(rec.c, "PackedSteps", None)  # revisions before it had no packed pass
+    metrics = None
+    if with_metrics:
+        from sgl_probe.metrics import PhaseMetrics
+
+        metrics = pipe.metrics = PhaseMetrics({"tp_rank": 0}, [], flush_s=3600, fast=rec.c)
+        if "metrics" not in inspect.signature(take_ready).parameters:
+            packed_type = None  # no packed pass with metrics in that revision
+    packed_args = () if metrics is None else (metrics,)
     got: dict = {k: [] for k in STAGES}
 
     def packed_pass() -> int:
@@ -68,7 +81,7 @@ def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
         pk, msgs, left, n = packed_type(wire.MAX_MESSAGE), [], [], 0
         while True:
             before = pk.rows
-            if not take_ready(rec.steps, rec.timer, clock(), False, export.CHUNK, left, pk, pipe.summary):
+            if not take_ready(rec.steps, rec.timer, clock(), False, export.CHUNK, left, pk, pipe.summary, *packed_args):
                 break
             n += pk.rows - before + len(left)
             if export.packed_due(pk):
@@ -107,7 +120,10 @@ def worker(root: str, steps: int, passes: int, warmup: int) -> dict:
             if packed_ns is not None:
                 got["packed_pass"].append(packed_ns / steps / 1e3)
     probe.instrumentor.uninstrument()
+    if metrics is not None and metrics.failed:
+        raise RuntimeError("the metrics switched themselves off")
     return {"probe": os.path.dirname(sgl_probe.__file__), "hotpath": rec.hotpath, "packed": pack is not None,
+            "metrics": metrics is not None,
             **{f"{k}_us_per_step": statistics.median(v) if v else None for k, v in got.items()}}
 
 
@@ -117,12 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5, help="passes left out first")
     ap.add_argument("--runs", type=int, default=4, help="fresh processes per side")
+    ap.add_argument("--metrics", action="store_true", help="both passes also feed the phase metrics")
     ap.add_argument("--compare", metavar="REV", help="also run git revision REV's probe, runs alternating")
     ap.add_argument("--json", help="also write the result here")
     ap.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.passes, args.warmup)))
+        print(json.dumps(worker(args.worker, args.steps, args.passes, args.warmup, args.metrics)))
         return 0
 
     sys.path.insert(0, str(HERE))
@@ -135,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             for side in (roots if i % 2 == 0 else list(roots)[::-1]):
                 runs[side].append(worker_json([sys.executable, __file__, "--worker", roots[side], "--steps",
                                                str(args.steps), "--passes", str(args.passes), "--warmup",
-                                               str(args.warmup)]))
+                                               str(args.warmup)] + (["--metrics"] if args.metrics else [])))
     out: dict = {"steps": args.steps, "passes": args.passes, "warmup": args.warmup, "runs": args.runs,
-                 "python": sys.version.split()[0]}
+                 "metrics": args.metrics, "python": sys.version.split()[0]}
     if args.compare:
         out["base"] = args.compare
     for side, rs in runs.items():

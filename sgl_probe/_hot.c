@@ -42,7 +42,7 @@ static PyObject *perf_counter_ns;
    there, which no timing layer around them can split; and the drain thread's C parts (``drain_*``:
    the ready checks; where the reads release the GIL, the reads ahead: collecting them with it,
    reading without it, getting it back; then per step its pop, its row with its reads where they
-   keep the GIL, its events' release; the summary). ``start_anchor``
+   keep the GIL, its events' release; the summary; the packed pass's metrics). ``start_anchor``
    is the part of ``phase_start`` that refreshes the CUDA timer's anchor (refresh_anchor_runtime, or
    Python's where that does not apply).
    A normal build compiles none of it. */
@@ -51,7 +51,7 @@ static PyObject *perf_counter_ns;
     X(step_enter) X(step_read) X(step_exit) X(phase_enter) X(phase_read) X(phase_start) X(phase_exit)        \
     X(start_anchor) X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)          \
     X(drain_ready) X(drain_collect) X(drain_reads) X(drain_regain) X(drain_pop) X(drain_resolve)               \
-    X(drain_release) X(drain_summary)
+    X(drain_release) X(drain_summary) X(drain_metrics)
 #define SECTION_ID(name) SEC_##name,
 enum { SECTIONS(SECTION_ID) SEC_N };
 #define SECTION_NAME(name) #name,
@@ -2523,6 +2523,20 @@ ms_of(PyObject *t0, PyObject *t1)
     return span_of(t0, t1, 1e6);
 }
 
+/* span_of(t0, t1, div) for a resolved phase's C values (the ints its row would hold). */
+static PyObject *
+vals_span_ll(long long t0, long long t1, double div)
+{
+    long long d;
+    if (!__builtin_sub_overflow(t1, t0, &d))
+        return PyFloat_FromDouble((double)d / div);
+    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
+    PyObject *r = a && b ? span_of(a, b, div) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return r;
+}
+
 /* A step resolved to C values: what resolve_row turns into a row, or pack_vals writes straight
    into a link message (the drain's packed pass, which makes no row). */
 typedef struct {
@@ -2534,6 +2548,13 @@ typedef struct {
     double graph_ms;
     PyObject *error;       /* None or error_text(ph.error) */
 } PhaseVals;
+
+/* The phase's (t1 - t0) / div, as its row's ints would give it (span_of). */
+static PyObject *
+vals_span(PhaseVals *pv, double div)
+{
+    return vals_span_ll(pv->t0, pv->t1, div);
+}
 
 #define VALS_SMALL 4
 typedef struct {
@@ -2919,17 +2940,39 @@ static int pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVal
 static int packed_full(PackedObject *pk);
 static int summary_vals(SummaryCtx *x, StepVals *v);
 
+/* The packed pass's metrics (PhaseMetrics.c_state; the functions are metrics_add's). */
+/* A histogram's list and bounds, read once, and the key it was found under (held: the packed
+   pass's keys are the records' values, which the records let go of once taken). */
+typedef struct {
+    PyObject *hist, *data, *bounds;
+    PyObject *k0, *k1, *k2;
+} HistRef;
+
+typedef struct MetricsCtx MetricsCtx;
+/* What PhaseMetrics.observe_rows changes, and the series the last step and phase went to (held). */
+struct MetricsCtx {
+    PyObject *steps_of, *phase_of, *new_steps, *new_hist, *accept_hist; /* borrowed */
+    PyObject *errors; /* the packed pass's: where an Exception goes (borrowed); NULL: raised */
+    int off;          /* an Exception went there: nothing more this call */
+    PyObject *last_mode, *last_steps;
+    HistRef ph_ref, acc_ref;
+};
+
+static int metrics_vals(MetricsCtx *m, StepRecordObject *st, StepVals *v);
+
 /* drain.take_ready's loop: pops n steps off ``steps``, appends each one's row to ``out`` and (CUDA
    timer, ``f``) releases its events; a step that cannot be resolved goes to on_drop(step, exc)
    instead, its events released all the same. Stops at a step the Python wrappers made (the
    caller's Python loop resolves it); returns how many it took.
    ``pk``: the packed pass. Each step is written into that link message instead of becoming a row,
    unless a value has no tag in the layout: then it is a row in ``out`` as without ``pk``; either
-   way (``sx``) it is added to the summary here, in step order. Stops before a step once the
-   message is full (its ``full`` says so). */
+   way (``sx``) it is added to the summary here, in step order, and (``mx``) to the metrics, where
+   an Exception turns them off for the rest of the call and is handed back (metrics_vals), not
+   raised: the step is in the message already. Stops before a step once the message is full (its
+   ``full`` says so). */
 static PyObject *
 take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject *out, PyObject *on_drop,
-          PackedObject *pk, SummaryCtx *sx)
+          PackedObject *pk, SummaryCtx *sx, MetricsCtx *mx)
 {
     if (!PyList_Check(out)) {
         PyErr_SetString(PyExc_TypeError, "take: out is a list");
@@ -2984,6 +3027,13 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
                 }
                 SECTION_ADD(drain_summary, sec);
             }
+            if (mx != NULL && (packed || row != NULL) && summed >= 0) {
+                if (metrics_vals(mx, (StepRecordObject *)st, &v) < 0) { /* a BaseException */
+                    summed = -1;
+                    Py_CLEAR(row);
+                }
+                SECTION_ADD(drain_metrics, sec);
+            }
         }
         vals_free(&v);
         int rc = 0;
@@ -3030,26 +3080,47 @@ done:
     return result;
 }
 
-/* The packed pass's two optional arguments: (packed, summary), summary None or summary_add's
-   (seen, max_shapes, window, launch, accepts, decode). 1 given (``*sx`` set up where a summary
-   is; summary_ctx_free it), 0 not, -1 error. */
+static int metrics_ctx(MetricsCtx *m, PyObject *state);
+static void metrics_ctx_free(MetricsCtx *m);
+
+/* The packed pass's optional arguments: (packed, summary[, metrics]), summary None or
+   summary_add's (seen, max_shapes, window, launch, accepts, decode), metrics None or
+   PhaseMetrics.c_state()'s (steps_of, phase_of, new_steps, new_hist, accept_hist, errors). 1 given
+   (``*sx`` / ``*mx`` set up where given: free them with packed_args_free), 0 not, -1 error. */
 static int
-take_packed_args(PyObject *const *args, Py_ssize_t extra, PackedObject **pk, SummaryCtx *sx, int *has_sx)
+take_packed_args(PyObject *const *args, Py_ssize_t extra, PackedObject **pk, SummaryCtx *sx, int *has_sx,
+                 MetricsCtx *mx, int *has_mx)
 {
     *pk = NULL;
-    *has_sx = 0;
+    *has_sx = *has_mx = 0;
     if (extra == 0)
         return 0;
-    if (extra != 2 || !Py_IS_TYPE(args[0], &PackedStepsType) ||
+    if ((extra != 2 && extra != 3) || !Py_IS_TYPE(args[0], &PackedStepsType) ||
         (args[1] != Py_None && (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 6))) {
         PyErr_SetString(PyExc_TypeError, "take: packed is a PackedSteps, summary None or a 6-tuple");
         return -1;
     }
     *pk = (PackedObject *)args[0];
-    if (args[1] == Py_None)
-        return 1;
-    *has_sx = 1;
-    return summary_ctx(sx, &PyTuple_GET_ITEM(args[1], 0)) < 0 ? -1 : 1;
+    if (args[1] != Py_None) {
+        *has_sx = 1;
+        if (summary_ctx(sx, &PyTuple_GET_ITEM(args[1], 0)) < 0)
+            return -1;
+    }
+    if (extra == 3 && args[2] != Py_None) {
+        *has_mx = 1;
+        if (metrics_ctx(mx, args[2]) < 0)
+            return -1;
+    }
+    return 1;
+}
+
+static void
+packed_args_free(SummaryCtx *sx, int has_sx, MetricsCtx *mx, int has_mx)
+{
+    if (has_sx)
+        summary_ctx_free(sx);
+    if (has_mx)
+        metrics_ctx_free(mx);
 }
 
 /* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop[, packed,
@@ -3057,9 +3128,9 @@ take_packed_args(PyObject *const *args, Py_ssize_t extra, PackedObject **pk, Sum
 static PyObject *
 fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9 && nargs != 11) {
-        PyErr_SetString(PyExc_TypeError,
-                        "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop[, packed, summary])");
+    if (nargs != 9 && nargs != 11 && nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, "
+                                         "on_drop[, packed, summary[, metrics]])");
         return NULL;
     }
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
@@ -3067,27 +3138,28 @@ fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PackedObject *pk;
     SummaryCtx sx;
-    int has_sx;
-    int given = take_packed_args(args + 9, nargs - 9, &pk, &sx, &has_sx);
+    MetricsCtx mx;
+    int has_sx, has_mx;
+    int given = take_packed_args(args + 9, nargs - 9, &pk, &sx, &has_sx, &mx, &has_mx);
     TakeCtx c;
     PyObject *r = NULL;
     if (given >= 0 && take_ctx(f, &c, args + 3, args[7]) == 0) {
         if (read_ahead(&c, args[0], n) == 0)
-            r = take_loop(f, &c, args[0], n, args[2], args[8], pk, has_sx ? &sx : NULL);
+            r = take_loop(f, &c, args[0], n, args[2], args[8], pk, has_sx ? &sx : NULL, has_mx ? &mx : NULL);
         take_ctx_free(&c);
     }
-    if (has_sx)
-        summary_ctx_free(&sx);
+    packed_args_free(&sx, has_sx, &mx, has_mx);
     return r;
 }
 
-/* take_host(steps, n, out, offset, error_text, on_drop[, packed, summary]): take_loop for the CPU
-   timer (tokens are host-clock values, mapped by adding ``offset``). */
+/* take_host(steps, n, out, offset, error_text, on_drop[, packed, summary[, metrics]]): take_loop for
+   the CPU timer (tokens are host-clock values, mapped by adding ``offset``). */
 static PyObject *
 hot_take_host(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 && nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "take_host(steps, n, out, offset, error_text, on_drop[, packed, summary])");
+    if (nargs != 6 && nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take_host(steps, n, out, offset, error_text, on_drop[, packed, summary[, metrics]])");
         return NULL;
     }
     TakeCtx c = {0};
@@ -3098,12 +3170,12 @@ hot_take_host(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     c.error_text = args[4];
     PackedObject *pk;
     SummaryCtx sx;
-    int has_sx;
+    MetricsCtx mx;
+    int has_sx, has_mx;
     PyObject *r = NULL;
-    if (take_packed_args(args + 6, nargs - 6, &pk, &sx, &has_sx) >= 0)
-        r = take_loop(NULL, &c, args[0], n, args[2], args[5], pk, has_sx ? &sx : NULL);
-    if (has_sx)
-        summary_ctx_free(&sx);
+    if (take_packed_args(args + 6, nargs - 6, &pk, &sx, &has_sx, &mx, &has_mx) >= 0)
+        r = take_loop(NULL, &c, args[0], n, args[2], args[5], pk, has_sx ? &sx : NULL, has_mx ? &mx : NULL);
+    packed_args_free(&sx, has_sx, &mx, has_mx);
     return r;
 }
 
@@ -3825,18 +3897,15 @@ fail:
 
 /* One series' Hist, read once per call while the rows repeat its key: its ``data`` (sum, min, max,
    then the counts) and ``bounds`` (held), and the key's objects (borrowed, compared by identity). */
-typedef struct {
-    PyObject *hist, *data, *bounds;
-    PyObject *k0, *k1, *k2;
-} HistRef;
-
 static void
 hist_ref_clear(HistRef *r)
 {
     Py_CLEAR(r->hist);
     Py_CLEAR(r->data);
     Py_CLEAR(r->bounds);
-    r->k0 = r->k1 = r->k2 = NULL;
+    Py_CLEAR(r->k0);
+    Py_CLEAR(r->k1);
+    Py_CLEAR(r->k2);
 }
 
 /* ``r`` for ``hist``: 0, or -1 where it is not laid out as metrics.Hist lays it out (an error). */
@@ -3928,11 +3997,106 @@ hist_add_obj(HistRef *r, PyObject *value)
     return res == NULL ? -1 : 0;
 }
 
+static void
+metrics_ctx_init(MetricsCtx *m, PyObject *const *five, PyObject *errors)
+{
+    memset(m, 0, sizeof(*m));
+    m->steps_of = five[0];
+    m->phase_of = five[1];
+    m->new_steps = five[2];
+    m->new_hist = five[3];
+    m->accept_hist = five[4];
+    m->errors = errors;
+}
+
+static void
+metrics_ctx_free(MetricsCtx *m)
+{
+    hist_ref_clear(&m->ph_ref);
+    hist_ref_clear(&m->acc_ref);
+    Py_CLEAR(m->last_mode);
+    Py_CLEAR(m->last_steps);
+}
+
+/* PhaseMetrics.c_state()'s (steps_of, phase_of, new_steps, new_hist, accept_hist, errors) into m
+   (metrics_ctx_free it, whatever this returns). */
+static int
+metrics_ctx(MetricsCtx *m, PyObject *state)
+{
+    memset(m, 0, sizeof(*m));
+    if (!PyTuple_Check(state) || PyTuple_GET_SIZE(state) != 6 || !PyDict_Check(PyTuple_GET_ITEM(state, 0)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(state, 1)) || !PyList_Check(PyTuple_GET_ITEM(state, 5))) {
+        PyErr_SetString(PyExc_TypeError, "take: metrics is (steps_of, phase_of, new_steps, new_hist, accept_hist, errors)");
+        return -1;
+    }
+    metrics_ctx_init(m, &PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 5));
+    return 0;
+}
+
+/* One step of ``mode`` counted. */
+static int
+metrics_step(MetricsCtx *m, PyObject *mode)
+{
+    if (mode != m->last_mode || m->last_steps == NULL) {
+        PyObject *steps = Py_XNewRef(PyDict_GetItemWithError(m->steps_of, mode));
+        if (steps == NULL && (PyErr_Occurred() || (steps = PyObject_CallOneArg(m->new_steps, mode)) == NULL))
+            return -1;
+        Py_XSETREF(m->last_steps, steps);
+        Py_XSETREF(m->last_mode, Py_NewRef(mode));
+    }
+    if (!PyList_CheckExact(m->last_steps) || PyList_GET_SIZE(m->last_steps) != 2) {
+        PyErr_SetString(PyExc_TypeError, "sgl-probe: a step counter not laid out as [labels, count]");
+        return -1;
+    }
+    PyObject *count = PyNumber_Add(PyList_GET_ITEM(m->last_steps, 1), int_one);
+    if (count == NULL)
+        return -1;
+    PyList_SetItem(m->last_steps, 1, count);
+    return 0;
+}
+
+/* One phase: ``secs`` into the (phase, mode, graph) histogram, ``accept`` (None: none) into the
+   accept lengths'. */
+static int
+metrics_phase(MetricsCtx *m, PyObject *k0, PyObject *k1, PyObject *k2, PyObject *secs, PyObject *accept)
+{
+    HistRef *r = &m->ph_ref;
+    if (r->hist == NULL || k0 != r->k0 || k1 != r->k1 || k2 != r->k2) {
+        PyObject *key = PyTuple_Pack(3, k0, k1, k2);
+        if (key == NULL)
+            return -1;
+        PyObject *hist = Py_XNewRef(PyDict_GetItemWithError(m->phase_of, key));
+        if (hist == NULL && !PyErr_Occurred())
+            hist = PyObject_CallOneArg(m->new_hist, key);
+        Py_DECREF(key);
+        int bad = hist == NULL || hist_ref_set(r, hist) < 0;
+        Py_XDECREF(hist);
+        if (bad)
+            return -1;
+        r->k0 = Py_NewRef(k0);
+        r->k1 = Py_NewRef(k1);
+        r->k2 = Py_NewRef(k2);
+    }
+    if (hist_add_obj(r, secs) < 0)
+        return -1;
+    if (accept == Py_None)
+        return 0;
+    if (m->acc_ref.hist == NULL) {
+        PyObject *hist = PyObject_CallNoArgs(m->accept_hist);
+        int bad = hist == NULL || hist_ref_set(&m->acc_ref, hist) < 0;
+        Py_XDECREF(hist);
+        if (bad)
+            return -1;
+    }
+    return hist_add_obj(&m->acc_ref, accept);
+}
+
 /* metrics_add(rows, mode_at, phases_at, phase_at, steps_of, phase_of, new_steps, new_hist,
    accept_hist): PhaseMetrics.observe_rows's loop over the drain's rows (``phase_at``: the phase
    row's phase, start, end, graph, mode and accept indices), the same containers changed the same
    way; a series' first step asks Python to make it (``new_steps(mode)``, ``new_hist(key)``,
-   ``accept_hist()``). It runs on the drain thread for every step the server runs, with metrics on. */
+   ``accept_hist()``). It runs on the drain thread for every step the server runs, with metrics on
+   and steps the packed pass does not take (which feeds them the same way: metrics_vals). */
 static PyObject *
 hot_metrics_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3958,12 +4122,11 @@ hot_metrics_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (at[i] >= width)
             width = at[i] + 1;
     }
-    PyObject *steps_of = args[4], *phase_of = args[5];
     PyObject *rows = PySequence_Fast(args[0], "metrics_add: the rows are a sequence");
     if (rows == NULL)
         return NULL;
-    HistRef ph_ref = {NULL}, acc_ref = {NULL};
-    PyObject *last_mode = NULL, *last_steps = NULL; /* borrowed / held */
+    MetricsCtx m;
+    metrics_ctx_init(&m, args + 4, NULL);
     PyObject *result = NULL;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(rows); i++) {
         PyObject *row = PySequence_Fast_GET_ITEM(rows, i);
@@ -3972,22 +4135,8 @@ hot_metrics_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_ValueError, "sgl-probe: a step row without its mode or phases");
             goto done;
         }
-        PyObject *mode = PyTuple_GET_ITEM(row, mode_at);
-        if (mode != last_mode || last_steps == NULL) {
-            PyObject *steps = Py_XNewRef(PyDict_GetItemWithError(steps_of, mode));
-            if (steps == NULL && (PyErr_Occurred() || (steps = PyObject_CallOneArg(args[6], mode)) == NULL))
-                goto done;
-            Py_XSETREF(last_steps, steps);
-            last_mode = mode;
-        }
-        if (!PyList_CheckExact(last_steps) || PyList_GET_SIZE(last_steps) != 2) {
-            PyErr_SetString(PyExc_TypeError, "sgl-probe: a step counter not laid out as [labels, count]");
+        if (metrics_step(&m, PyTuple_GET_ITEM(row, mode_at)) < 0)
             goto done;
-        }
-        PyObject *count = PyNumber_Add(PyList_GET_ITEM(last_steps, 1), int_one);
-        if (count == NULL)
-            goto done;
-        PyList_SetItem(last_steps, 1, count);
         PyObject *phases = PyTuple_GET_ITEM(row, phases_at);
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(phases); j++) {
             PyObject *ph = PyTuple_GET_ITEM(phases, j);
@@ -3995,50 +4144,53 @@ hot_metrics_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 PyErr_SetString(PyExc_ValueError, "sgl-probe: a phase row too short");
                 goto done;
             }
-            PyObject *k0 = PyTuple_GET_ITEM(ph, at[0]), *k1 = PyTuple_GET_ITEM(ph, at[4]),
-                     *k2 = PyTuple_GET_ITEM(ph, at[3]);
-            if (ph_ref.hist == NULL || k0 != ph_ref.k0 || k1 != ph_ref.k1 || k2 != ph_ref.k2) {
-                PyObject *key = PyTuple_Pack(3, k0, k1, k2);
-                if (key == NULL)
-                    goto done;
-                PyObject *hist = Py_XNewRef(PyDict_GetItemWithError(phase_of, key));
-                if (hist == NULL && !PyErr_Occurred())
-                    hist = PyObject_CallOneArg(args[7], key);
-                Py_DECREF(key);
-                int bad = hist == NULL || hist_ref_set(&ph_ref, hist) < 0;
-                Py_XDECREF(hist);
-                if (bad)
-                    goto done;
-                ph_ref.k0 = k0;
-                ph_ref.k1 = k1;
-                ph_ref.k2 = k2;
-            }
             PyObject *secs = span_of(PyTuple_GET_ITEM(ph, at[1]), PyTuple_GET_ITEM(ph, at[2]), 1e9);
-            int bad = secs == NULL || hist_add_obj(&ph_ref, secs) < 0;
+            int bad = secs == NULL || metrics_phase(&m, PyTuple_GET_ITEM(ph, at[0]), PyTuple_GET_ITEM(ph, at[4]),
+                                                    PyTuple_GET_ITEM(ph, at[3]), secs, PyTuple_GET_ITEM(ph, at[5])) < 0;
             Py_XDECREF(secs);
             if (bad)
                 goto done;
-            PyObject *accept = PyTuple_GET_ITEM(ph, at[5]);
-            if (accept != Py_None) {
-                if (acc_ref.hist == NULL) {
-                    PyObject *hist = PyObject_CallNoArgs(args[8]);
-                    bad = hist == NULL || hist_ref_set(&acc_ref, hist) < 0;
-                    Py_XDECREF(hist);
-                    if (bad)
-                        goto done;
-                }
-                if (hist_add_obj(&acc_ref, accept) < 0)
-                    goto done;
-            }
         }
     }
     result = Py_NewRef(Py_None);
 done:
-    hist_ref_clear(&ph_ref);
-    hist_ref_clear(&acc_ref);
-    Py_XDECREF(last_steps);
+    metrics_ctx_free(&m);
     Py_DECREF(rows);
     return result;
+}
+
+/* The packed pass's step into the metrics, as metrics_add adds its row (the row's values, made
+   by row_of_vals from the same ``v``). An Exception turns them off for the rest of the call and
+   goes into ``errors`` (the caller's PhaseMetrics then switches itself off with its log line, as
+   observe_rows does): the step is in the message and the summary already. -1: a BaseException. */
+static int
+metrics_vals(MetricsCtx *m, StepRecordObject *st, StepVals *v)
+{
+    if (m->off)
+        return 0;
+    int rc = metrics_step(m, st->mode);
+    for (Py_ssize_t k = 0; rc == 0 && k < v->n; k++) {
+        PhaseVals *pv = &v->ph[k];
+        PhaseRecordObject *ph = pv->ph;
+        PyObject *secs = vals_span(pv, 1e9);
+        rc = secs == NULL ? -1 : metrics_phase(m, ph->phase, ph->mode, pv->graph ? Py_True : Py_False, secs,
+                                               ph->accept_length);
+        Py_XDECREF(secs);
+    }
+    if (rc == 0)
+        return 0;
+    if (!PyErr_ExceptionMatches(PyExc_Exception) || m->errors == NULL)
+        return -1;
+    m->off = 1;
+    PyObject *type, *value, *tb;
+    fetch_exception(&type, &value, &tb);
+    rc = PyList_Append(m->errors, value != NULL ? value : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (rc < 0) /* no room to say so: nothing more this call, the step stays */
+        PyErr_Clear();
+    return 0;
 }
 
 /* ---- the link's STEPS message, packed (wire.encode_steps / wire.decode) ----------------------
@@ -4404,17 +4556,7 @@ summary_vals(SummaryCtx *x, StepVals *v)
     for (Py_ssize_t k = 0; k < v->n; k++) {
         PhaseVals *pv = &v->ph[k];
         PhaseRecordObject *ph = pv->ph;
-        long long d;
-        PyObject *ms;
-        if (!__builtin_sub_overflow(pv->t1, pv->t0, &d)) {
-            ms = PyFloat_FromDouble((double)d / 1e6);
-        }
-        else {
-            PyObject *t0 = PyLong_FromLongLong(pv->t0), *t1 = PyLong_FromLongLong(pv->t1);
-            ms = t0 && t1 ? ms_of(t0, t1) : NULL;
-            Py_XDECREF(t0);
-            Py_XDECREF(t1);
-        }
+        PyObject *ms = vals_span(pv, 1e6);
         PyObject *graph_ms = pv->has_graph_ms ? PyFloat_FromDouble(pv->graph_ms) : Py_NewRef(Py_None);
         int rc = ms == NULL || graph_ms == NULL ? -1
                  : summary_fields(x, ph->phase, ms, pv->graph ? Py_True : Py_False, ph->mode, ph->batch_size,

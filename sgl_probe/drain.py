@@ -147,7 +147,7 @@ def ready_steps(steps: collections.deque, n: int, timer: Any, now_ns: int) -> in
 
 
 def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list,
-               packed: Any = None, summary: Any = None) -> int:
+               packed: Any = None, summary: Any = None, metrics: Any = None) -> int:
     """Move up to ``limit`` steps off the front of ``steps`` into ``out`` as rows, stopping at
     the first one not :func:`step_ready` (``final``: take them all). Every step taken has its
     events released; one that cannot be resolved (an event that never completed, at shutdown)
@@ -156,8 +156,9 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
     ``packed``: the packed pass (the C extension's ``PackedSteps``; every step exported, nothing
     else reads the rows): the steps the C wrappers recorded are written into that link message
     instead, not to ``out`` (which gets the rest as rows), and every step taken is added to
-    ``summary`` (the :class:`~sgl_probe.summary.Summary`, or None) here, in step order. Once the
-    message is full (``packed.full``), the rest of the ``limit`` waits for the next call.
+    ``summary`` (the :class:`~sgl_probe.summary.Summary`, or None) and ``metrics`` (the
+    :class:`~sgl_probe.metrics.PhaseMetrics`, or None) here, in step order. Once the message is
+    full (``packed.full``), the rest of the ``limit`` waits for the next call.
 
     :func:`step_ready` and :func:`release_step` inline, and nothing at all asked of a host-clock
     timer (always ready, nothing to release): this is the drain thread's per-step loop."""
@@ -175,7 +176,16 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
     elif packed is None:
         taken = take(steps, n, out, error_text, _drop)
     else:
-        taken = take(steps, n, out, error_text, _drop, packed, None if summary is None else summary.c_state())
+        sstate = None if summary is None else summary.c_state()
+        mstate = None if metrics is None else metrics.c_state()
+        if mstate is None:
+            taken = take(steps, n, out, error_text, _drop, packed, sstate)
+        else:
+            taken = 0
+            try:
+                taken = take(steps, n, out, error_text, _drop, packed, sstate, mstate)
+            finally:
+                metrics.c_state_done(mstate, taken > 0)
         if packed.full:
             return taken
     first = len(out)
@@ -188,6 +198,9 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
         finally:
             if not host:
                 release_step(st, timer)
-    if packed is not None and summary is not None and len(out) > first:
-        summary.add_rows(out[first:])
+    if packed is not None and len(out) > first:
+        if summary is not None:
+            summary.add_rows(out[first:])
+        if metrics is not None:
+            metrics.observe_rows(out[first:])
     return n

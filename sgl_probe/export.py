@@ -118,11 +118,13 @@ class Pipeline:
                 self.sink.pack = getattr(getattr(recorder, "c", None), "pack_steps", None)
         self.metrics = metrics_setup.phase_metrics(
             ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics, fast=getattr(recorder, "c", None))
-        # The packed pass: with every step exported and nothing else reading the drain's rows,
-        # the C drain writes the steps straight into the link's message (see drain.take_ready).
+        # The packed pass: with every step exported and nothing but the summary and the metrics
+        # (both fed in C) reading the drain's rows, the C drain writes the steps straight into the
+        # link's message (see drain.take_ready).
         packed = getattr(getattr(recorder, "c", None), "PackedSteps", None)
         self._packed_type = packed if (
-            packed is not None and self.sampling.always and self.metrics is None
+            packed is not None and self.sampling.always
+            and (self.metrics is None or self.metrics.c_state() is not None)
             and (self.summary.every_ns <= 0 or self.summary.c_state() is not None)
             and getattr(self.sink, "pack", None) is not None and hasattr(self.sink, "send_packed")) else None
         self._lock = threading.Lock()
@@ -198,11 +200,12 @@ class Pipeline:
             done = 0
             packed = None if self._packed_type is None else self._packed_type(wire.MAX_MESSAGE)
             summary = None if packed is None else self.summary
+            metrics = None if packed is None else self.metrics
             now = held = time.perf_counter_ns()
             while steps:
                 rows: list[tuple] = []
                 before = 0 if packed is None else packed.rows
-                taken = take_ready(steps, timer, now, final, CHUNK, rows, packed, summary)
+                taken = take_ready(steps, timer, now, final, CHUNK, rows, packed, summary, metrics)
                 if not taken:
                     break
                 done += len(rows)
@@ -210,7 +213,7 @@ class Pipeline:
                     done += packed.rows - before
                     if packed_due(packed):
                         sink.send_packed(packed)
-                else:  # (the packed pass adds its steps to the summary itself; no metrics then)
+                else:  # (the packed pass adds its steps to the summary and the metrics itself)
                     self.observe_rows(rows)
                 if sink is not None:
                     if always:

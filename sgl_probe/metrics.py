@@ -15,7 +15,8 @@ Two outputs, each only when the user asked for it:
 ``maybe_flush`` when idle.
 
 Steps are aggregated here (a bisect and a few additions per phase: in Python ~0.7-1.6 µs per step,
-with the C hot path its ``metrics_add`` ~0.2, on the drain thread, which holds the GIL for it); the
+with the C hot path its ``metrics_add`` ~0.2, or the drain's packed pass as it takes each step
+(``c_state``), on the drain thread, which holds the GIL for it); the
 sinks get cumulative snapshots at most once per ``flush_s``. Recording each phase
 into prometheus_client's multiprocess files or the OpenTelemetry SDK's instruments costs 7x to
 15x that (BENCHMARKS.md, "Metrics path"). A failure in a sink costs one
@@ -183,6 +184,24 @@ class PhaseMetrics:
             self.maybe_flush()
         except Exception as exc:
             self._fail("observe_rows", exc)
+
+    def c_state(self) -> Optional[tuple]:
+        """What the C drain's packed pass feeds these metrics through (``drain.take_ready``):
+        :meth:`observe_rows`'s containers and callbacks as ``metrics_add`` takes them, and a list
+        an error goes into instead of being raised (the step is sent whatever the metrics do).
+        None without the C loop, or once the metrics are off. Pass it to :meth:`c_state_done`."""
+        if self._fast_add is None or self.failed:
+            return None
+        return (self._steps, self._phase, self._new_steps, self._new_hist, self._accept_hist, [])
+
+    def c_state_done(self, state: tuple, added: bool) -> None:
+        """After a packed take with ``state``: what :meth:`observe_rows` does after its loop
+        (``added``: steps were counted). Never raises."""
+        errors = state[5]
+        if errors:
+            self._fail("observe_rows", errors[0])
+        elif added:
+            self._dirty = True
 
     # -- what ``metrics_add`` asks for at a series' first step ------------------------------------
     def _new_steps(self, mode: Any) -> list:

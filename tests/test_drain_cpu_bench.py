@@ -28,3 +28,14 @@ def test_drain_cpu_times_each_stage_of_a_pass_and_packs_with_the_c_extension(tmp
     # The packed pass only where the C extension is, beside the rows' pass in the same process.
     assert py["per_run"][0]["packed_pass_us_per_step"] is None and "packed_pass_over_all" not in py
     assert c["per_run"][0]["packed_pass_us_per_step"] > 0 and c["packed_pass_over_all"]["median"] > 0
+
+
+def test_drain_cpu_feeds_the_metrics_in_both_passes_with_metrics(tmp_path: Path):
+    """``--metrics``: both passes also feed a PhaseMetrics (the worker raises where the metrics
+    switched themselves off, or a pass took fewer steps than it recorded)."""
+    c_module()
+    res = run_benchmark(tmp_path, "drain_cpu.py", "--steps", "64", "--passes", "3", "--warmup", "1", "--runs", "1",
+                        "--metrics", hotpath="c").result
+    c = res["new"]
+    assert res["metrics"] and c["per_run"][0]["metrics"]
+    assert c["per_run"][0]["packed_pass_us_per_step"] > 0 and c["packed_pass_over_all"]["median"] > 0

@@ -759,14 +759,15 @@ def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monk
         assert len([c for c in rt.calls if c[0] == "record"]) == (1 if "fail_record" in fail else 0)
 
 
-def _take_packed(hot, steps, timer, now: int, final: bool, limit: int, rows: list, pk, summary, msgs: list) -> int:
+def _take_packed(hot, steps, timer, now: int, final: bool, limit: int, rows: list, pk, summary, msgs: list,
+                 metrics=None) -> int:
     """``drain.take_ready`` in the packed pass, as the drain loops it: a full message is sent
     (kept in ``msgs``) and the rest of ``limit`` taken into the next."""
     from sgl_probe import drain
 
     total = 0
     while total < limit:
-        got = drain.take_ready(steps, timer, now, final, limit - total, rows, pk, summary)
+        got = drain.take_ready(steps, timer, now, final, limit - total, rows, pk, summary, metrics)
         total += got
         if not pk.full:
             return total
@@ -784,8 +785,13 @@ def _summary_state(s) -> tuple:
     return (s._window, s._launch, s._accept, {g: list(q) for g, q in s._decode.items()}, s._seen)
 
 
+def _metrics_state(m) -> tuple:
+    snap = m.snapshot()
+    return snap.phases, snap.steps, snap.accept_length, m._dirty, m.failed
+
+
 def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: bool = False,
-                  keep_gil: bool = False, packed_bytes: int = 0) -> tuple:
+                  keep_gil: bool = False, packed_bytes: int = 0, metrics_fast: object = False) -> tuple:
     """Steps recorded by the C wrappers with the CUDA timer over a stand-in GPU (idle at some
     calls, behind at others, a launched graph, a raising phase, a verify), then drained by
     ``drain.take_ready``: in C (``CudaTimer.take_rows``) or by its Python loop; the elapsed times
@@ -793,7 +799,8 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
     the GIL, the default; else releasing it, which the C drain does once per chunk, reading ahead).
     ``packed_bytes``: the packed pass, messages of that many bytes (the rows it returns are those
     its messages carry), which feeds the summary itself; else the rows are summed up by
-    ``Summary.add_rows``."""
+    ``Summary.add_rows``. ``metrics_fast`` (not False): a PhaseMetrics made with it (the C module
+    or None) is fed the same way, its state the last item."""
     from sgl_probe.summary import Summary
     from sgl_probe import drain
     from tests.test_gpu_free_parts import _FakeCudart
@@ -854,10 +861,13 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
         ph.accept_length = 2.0
     ft.gpu_ms = ft.queued_ms + 10  # everything done
     summ = Summary(30, {"tp_rank": 0}, hot)
+    from sgl_probe.metrics import PhaseMetrics
+
+    pm = None if metrics_fast is False else PhaseMetrics({"tp_rank": 0}, [], flush_s=3600, fast=metrics_fast)
     if packed_bytes:
         pk, msgs = hot.PackedSteps(packed_bytes), []
         take = functools.partial(_take_packed, hot, rec.steps, timer, 10**13, False, rows=rows, pk=pk,
-                                 summary=summ, msgs=msgs)
+                                 summary=summ, msgs=msgs, metrics=pm)
     else:
         take = functools.partial(drain.take_ready, rec.steps, timer, 10**13, False, out=rows)
     taken = take(limit=25)  # two chunks, as the drain does
@@ -872,9 +882,12 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
         rows = _unpacked(hot, msgs, rows)
     else:
         summ.add_rows(rows)
+        if pm is not None:
+            pm.observe_rows(rows)
     busy_due = sum(len(t) > 2 for t in starts)
     return (rows, taken, len(timer._returned), timer._chain[1], timer.elapsed_source, rt and rt.calls, busy_due,
-            seen, _summary_state(summ), left, len(msgs) if packed_bytes else 0)
+            seen, _summary_state(summ), left, len(msgs) if packed_bytes else 0,
+            None if pm is None else _metrics_state(pm))
 
 
 def test_the_c_drain_resolves_the_same_rows_as_the_python_loop(hot, monkeypatch):
@@ -925,6 +938,68 @@ def test_the_packed_pass_sends_the_rows_and_sums_up_the_steps_the_drain_would(ho
             assert got[9] == 0  # every step packed
             assert got[10] == 1 if size > 1 << 16 else got[10] > 8  # ~150 bytes a step: several messages
     assert any(ph[12] for row in want[0] for ph in row[8]) and any(ph[13] is not None for row in want[0] for ph in row[8])
+
+
+def test_the_packed_pass_adds_to_the_metrics_what_their_loop_adds_from_the_rows(hot, monkeypatch):
+    """With metrics on (``--enable-metrics``, OTLP metrics), the packed pass feeds them as it takes
+    each step: every series (steps by mode, each (phase, mode, graph) histogram, accept lengths)
+    ends as the rows' pass leaves it through ``observe_rows``, in C or in Python, whether the
+    messages are large or end early; the metrics stay on, marked changed."""
+    for runtime in (False, True):
+        want = _drained_rows(hot, monkeypatch, c_take=True, runtime=runtime, metrics_fast=None)
+        assert want[11] == _drained_rows(hot, monkeypatch, c_take=True, runtime=runtime, metrics_fast=hot)[11]
+        for size in (1 << 20, 700):
+            got = _drained_rows(hot, monkeypatch, c_take=True, runtime=runtime, packed_bytes=size, metrics_fast=hot)
+            assert got[0] == want[0] and got[9] == 0
+            assert got[11] == want[11] and got[11][3] and not got[11][4]
+            assert got[8] == want[8]  # and the summary as before
+    phases, steps, accept = want[11][:3]
+    assert sum(n for _labels, n in steps) == 60 and sum(h.count for h in phases) == sum(len(r[8]) for r in want[0])
+    assert accept is not None and accept.count > 0 and len({h.labels["cuda_graph"] for h in phases}) == 2
+
+
+def test_a_metrics_error_in_the_packed_pass_turns_them_off_and_keeps_every_step(hot, monkeypatch, caplog):
+    """A metrics series that cannot be made (its sink's labels refused, say) in the packed pass: the
+    metrics switch themselves off with their one log line, as ``observe_rows`` does, and every step
+    is still sent and summed up; later takes leave the metrics alone."""
+    from sgl_probe import timing
+    from sgl_probe.metrics import PhaseMetrics
+    from sgl_probe.summary import Summary
+
+    monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)
+    monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+    got = {}
+    for broken in (False, True):
+        rec = Recorder("cpu", 100, LOG, "c")
+        _scenario(rec, monkeypatch)
+        timer = rec.timer = CpuTimer(hot)
+        m, summ = PhaseMetrics({"tp_rank": 0}, [], flush_s=3600, fast=hot), Summary(30, {"tp_rank": 0}, hot)
+        if broken:
+            made = m._new_hist
+            calls = []
+
+            def new_hist(key):
+                calls.append(key)
+                if len(calls) == 3:
+                    raise ValueError("no such label")
+                return made(key)
+
+            m._new_hist = new_hist
+        pk, msgs, rows = hot.PackedSteps(1 << 20), [], []
+        with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+            caplog.clear()
+            n = _take_packed(hot, rec.steps, timer, 10**13, True, 10, rows, pk, summ, msgs, metrics=m)
+            n += _take_packed(hot, rec.steps, timer, 10**13, True, 1000, rows, pk, summ, msgs, metrics=m)
+        msgs.append((pk.spans, pk.finish()))
+        got[broken] = (n, _unpacked(hot, msgs, rows), _summary_state(summ))
+        warnings = [r.getMessage() for r in caplog.records]
+        if broken:
+            assert m.failed and len(calls) == 3 and m.c_state() is None
+            assert warnings == ["sgl-probe: metrics disabled in this process after an error in observe_rows: "
+                                "ValueError('no such label')"]
+        else:
+            assert not m.failed and not warnings and m._dirty
+    assert got[True] == got[False] and got[True][0] == 23
 
 
 def test_a_runtime_that_refuses_the_reads_ahead_is_asked_again_then_given_up(hot, monkeypatch, caplog):

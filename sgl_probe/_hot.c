@@ -3895,8 +3895,9 @@ fail:
 
 /* ---- the phase metrics' per-step accounting (metrics.PhaseMetrics.observe_rows) -------------- */
 
-/* One series' Hist, read once per call while the rows repeat its key: its ``data`` (sum, min, max,
-   then the counts) and ``bounds`` (held), and the key's objects (borrowed, compared by identity). */
+/* A HistRef (see MetricsCtx) holds one series' Hist, read once per call while the steps repeat its
+   key: its ``data`` (sum, min, max, then the counts) and ``bounds``, and the key's objects, compared
+   by identity (all held). */
 static void
 hist_ref_clear(HistRef *r)
 {

@@ -39,14 +39,23 @@ YIELD_AFTER_NS = 500_000
 #: A real sleep: ``sleep(0)`` releases the GIL but this thread, still on its CPU, usually takes it
 #: back before the woken scheduler thread can.
 YIELD_S = 50e-6
+#: Room a packed message keeps for the step that fills it and its strings' table: the message is
+#: full once its rows hold the link's largest message less this (the take stops before the next
+#: step), so it stays under that size.
+PACKED_ROOM = 4096
+#: The packed pass's limit where the link takes ``wire.MAX_MESSAGE``.
+PACKED_LIMIT = wire.MAX_MESSAGE - PACKED_ROOM
 
 
-def packed_due(packed: Any) -> bool:
-    """Whether the drain's packed pass sends its message now: full, or before the next chunk might
-    not fit (the take would stop at the limit, and read the rest's GPU times again for the next
-    message). Not before: each send is a few Python calls and three system calls, each of which
-    hands the GIL to a scheduler thread that wants it, and this thread then waits to get it back."""
-    return packed.full or packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE
+def packed_due(packed: Any, reads_ahead: bool = False) -> bool:
+    """Whether the drain's packed pass sends its message now: full (the take stopped before the
+    step that would not fit; the next take goes on from it into the next message), or, where the
+    take reads a chunk's GPU times ahead (``reads_ahead``: the CUDA timer without
+    ``elapsed_keeps_gil``), before the next chunk might not fit (a take stopping at the limit would
+    read the rest's again for the next message). Not before: each send is a few Python calls and
+    three system calls, each of which hands the GIL to a scheduler thread that wants it, and this
+    thread then waits to get it back."""
+    return packed.full or (reads_ahead and packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE)
 
 
 class InProcessSink:
@@ -198,7 +207,9 @@ class Pipeline:
             kept: list[tuple] = []
             kept_slow: list[bool] = []
             done = 0
-            packed = None if self._packed_type is None else self._packed_type(wire.MAX_MESSAGE)
+            packed = None if self._packed_type is None else self._packed_type(
+                max(PACKED_ROOM, min(wire.MAX_MESSAGE, getattr(sink, "max_message", wire.MAX_MESSAGE)) - PACKED_ROOM))
+            ahead = not getattr(timer, "elapsed_keeps_gil", True)
             summary = None if packed is None else self.summary
             metrics = None if packed is None else self.metrics
             now = held = time.perf_counter_ns()
@@ -211,7 +222,7 @@ class Pipeline:
                 done += len(rows)
                 if packed is not None:
                     done += packed.rows - before
-                    if packed_due(packed):
+                    if packed_due(packed, ahead):
                         sink.send_packed(packed)
                 else:  # (the packed pass adds its steps to the summary and the metrics itself)
                     self.observe_rows(rows)

@@ -78,6 +78,8 @@ class ProcessSink:
     # -- link and process ------------------------------------------------------------------
     def _open_link(self) -> None:
         self._sock, self._theirs = wire.pair()
+        #: The largest message this link takes (the drain's packed pass fills its messages up to it).
+        self.max_message = wire.max_message(self._sock)
         self.sent = 0
         self.stats = (0, 0, 0, {})
         self._meta_sent = None
@@ -231,7 +233,7 @@ class ProcessSink:
             if os.getpid() != self.pid:
                 return
             self._check()
-            for data, spans in wire.encode_steps(steps, kept_slow, self.pack):
+            for data, spans in wire.encode_steps(steps, kept_slow, self.pack, self.max_message):
                 self._send_meta()  # first on every link, also on one opened after a death
                 self._send(data, spans)
 

@@ -45,6 +45,16 @@ def pair() -> tuple[socket.socket, socket.socket]:
     return ours, theirs
 
 
+def max_message(sock: socket.socket) -> int:
+    """The largest message ``sock`` takes in one piece, up to :data:`MAX_MESSAGE`: half its send
+    buffer as the kernel reports it (its own bookkeeping counts against the buffer too), where a
+    host caps the buffer below what :func:`pair` asks for."""
+    try:
+        return max(1024, min(MAX_MESSAGE, sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2))
+    except OSError:
+        return MAX_MESSAGE
+
+
 def encode(kind: str, payload: Any) -> bytes:
     return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -62,17 +72,19 @@ _phases_of = itemgetter(PHASES)
 CHUNK_STEPS = 128
 
 
-def encode_steps(steps: list, kept_slow: list, pack: Optional[Callable] = None) -> list[tuple[bytes, int]]:
-    """STEPS messages for a batch, each under :data:`MAX_MESSAGE` (unless one step alone is
-    larger), with the number of spans each one carries (what a drop of that message costs).
-    ``pack``: the C extension's ``pack_steps`` (the messages packed where it can), or None."""
+def encode_steps(steps: list, kept_slow: list, pack: Optional[Callable] = None,
+                 limit: int = MAX_MESSAGE) -> list[tuple[bytes, int]]:
+    """STEPS messages for a batch, each under ``limit`` (:data:`MAX_MESSAGE`, or a link's
+    :func:`max_message`; unless one step alone is larger), with the number of spans each one
+    carries (what a drop of that message costs). ``pack``: the C extension's ``pack_steps`` (the
+    messages packed where it can), or None."""
     out: list[tuple[bytes, int]] = []
     for i in range(0, len(steps), CHUNK_STEPS):
-        _encode_chunk(steps[i:i + CHUNK_STEPS], kept_slow[i:i + CHUNK_STEPS], out, pack)
+        _encode_chunk(steps[i:i + CHUNK_STEPS], kept_slow[i:i + CHUNK_STEPS], out, pack, limit)
     return out
 
 
-def _encode_chunk(steps: list, kept_slow: list, out: list, pack: Optional[Callable]) -> None:
+def _encode_chunk(steps: list, kept_slow: list, out: list, pack: Optional[Callable], limit: int) -> None:
     data = None
     if pack is not None:
         try:
@@ -81,12 +93,12 @@ def _encode_chunk(steps: list, kept_slow: list, out: list, pack: Optional[Callab
             data = None
     if data is None:
         data = encode(STEPS, (steps, kept_slow))
-    if len(data) <= MAX_MESSAGE or len(steps) == 1:
+    if len(data) <= limit or len(steps) == 1:
         out.append((data, len(steps) + sum(map(len, map(_phases_of, steps)))))
         return
     half = len(steps) // 2
-    _encode_chunk(steps[:half], kept_slow[:half], out, pack)
-    _encode_chunk(steps[half:], kept_slow[half:], out, pack)
+    _encode_chunk(steps[:half], kept_slow[:half], out, pack, limit)
+    _encode_chunk(steps[half:], kept_slow[half:], out, pack, limit)
 
 
 # -- STEPS, packed ------------------------------------------------------------------------------

@@ -236,6 +236,32 @@ def test_a_stalled_exporter_costs_counted_drops_never_a_wait(probe_factory, rece
     assert sum(x.name == "sglang.step" for x in steps) == 3001 - lost_steps
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed_pass", "rows"])
+def test_a_link_whose_socket_takes_less_than_a_full_message_still_carries_every_step(probe_factory, receiver,
+                                                                                   monkeypatch, packed):
+    """A host that caps the link's send buffer below what the probe asks for (net.core.wmem_max):
+    the messages, packed by the drain's packed pass or pickled as rows, stay under what that socket
+    takes in one piece, so none is refused as too large (each would be dropped, counted); every
+    step arrives."""
+    from sgl_probe import wire
+
+    monkeypatch.setattr(wire, "_BUFFER", 12 << 10)
+    probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_DRAIN_S": "3600", "OTEL_BSP_MAX_QUEUE_SIZE": "50000"})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    pipe, sink = probe.pipeline, probe.pipeline.sink
+    if packed and pipe._packed_type is None:
+        pytest.skip("no C extension: no packed pass")
+    if not packed:
+        pipe._packed_type = None
+    assert sink.max_message < wire.MAX_MESSAGE
+    _decode(sched, 1200)
+    pipe.flush(60.0)
+    assert sink.link_dropped == 0 and pipe.export_dropped == 0
+    steps = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 1200, timeout=60)
+    assert sum(x.name == "sglang.step" for x in steps) == 1200
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is Python 3.11+")
 def test_the_exporter_imports_the_probe_that_started_it_not_one_in_the_working_directory(tmp_path):
     """A server launched from a folder holding another ``sgl_probe`` (a checkout of another

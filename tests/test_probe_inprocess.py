@@ -481,10 +481,10 @@ def test_a_long_pass_sends_what_it_kept_before_each_hand_over_of_the_gil(probe_f
     assert sorted(s.attributes["sglang.step_index"] for s in receiver.spans() if s.name == "sglang.step") == list(range(1, n + 1))
 
 
-def test_the_packed_pass_sends_a_message_only_once_the_next_chunk_might_not_fit(probe_factory, receiver, monkeypatch):
-    """A pass larger than one message: the packed pass sends when the next chunk of steps might
-    overflow the message (or the take found it full), not every few steps, and at the pass's end;
-    every message stays under the limit and every step arrives once."""
+def test_the_packed_pass_sends_a_message_only_once_it_is_full(probe_factory, receiver, monkeypatch):
+    """A pass larger than one message: the packed pass sends once the take found the message full
+    (the rest of the chunk goes into the next), not every few steps, and at the pass's end; every
+    message stays under the limit and every step arrives once."""
     from sgl_probe import export, wire
 
     probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_SUMMARY_S": "3600", "SGL_PROBE_DRAIN_S": "3600"})
@@ -510,7 +510,8 @@ def test_the_packed_pass_sends_a_message_only_once_the_next_chunk_might_not_fit(
     per_step = sum(m[1] for m in sent) / n
     assert len(sent) >= 2 and all(m[1] <= wire.MAX_MESSAGE for m in sent)
     assert all(due for due, _, _ in sent[:-1])  # none sent before it had to be
-    assert len(sent) <= n * per_step // (wire.MAX_MESSAGE - export.CHUNK * 2 * per_step) + 1
+    assert all(m[1] > export.PACKED_LIMIT for m in sent[:-1])
+    assert len(sent) == -(-n * per_step // export.PACKED_LIMIT)
     assert [i for m in sent for i in m[2]] == list(range(1, n + 1))
     receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= n, timeout=10)
 

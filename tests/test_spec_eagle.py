@@ -165,9 +165,11 @@ def eagle(request, venv, models, tmp_path_factory) -> Run:
             t1 = time.monotonic()
             run.outputs = workload(server)
             run.seconds["requests"] = time.monotonic() - t1
-            n_decode = len(_DECODE_LINE.findall(server.log_text()))
 
             def complete(spans: list[ReceivedSpan]) -> bool:
+                # SGLang's log is read again each time: its last decode lines may reach the file
+                # after the last response (a loaded machine), and their verifies come after them.
+                n_decode = len(_DECODE_LINE.findall(server.log_text()))
                 verified = [s for s in spans if s.name == "sglang.verify"]
                 return len(verified) >= n_decode and all("sglang.spec.accept_length" in s.attributes
                                                          for s in verified)

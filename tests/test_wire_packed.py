@@ -162,3 +162,25 @@ def test_a_pickled_message_still_decodes_as_it_did():
     rows = _rows(4, 3)
     data = pickle.dumps((wire.STEPS, (rows, [True, False, False])), protocol=pickle.HIGHEST_PROTOCOL)
     assert wire.decode(data) == (wire.STEPS, (rows, [True, False, False]))
+
+
+@pytest.mark.parametrize("asked", [8 << 10, 16 << 10, 4 << 20])
+def test_a_links_largest_message_goes_through_its_socket_in_one_piece(monkeypatch, asked):
+    """``wire.max_message``: what the kernel granted the link (whatever ``pair`` asked for, capped by
+    the host), never above MAX_MESSAGE; a message of that size is taken whole, and one of twice the
+    send buffer the kernel reports is refused as too large (what the limit keeps the drain from)."""
+    import socket
+
+    monkeypatch.setattr(wire, "_BUFFER", asked)
+    ours, theirs = wire.pair()
+    try:
+        limit = wire.max_message(ours)
+        granted = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        assert 1024 <= limit <= wire.MAX_MESSAGE and limit <= granted // 2
+        ours.send(b"x" * limit)
+        assert len(theirs.recv(1 << 20)) == limit
+        with pytest.raises(OSError):
+            ours.send(b"x" * (2 * granted))
+    finally:
+        ours.close()
+        theirs.close()

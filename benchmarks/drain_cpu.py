@@ -78,13 +78,16 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
         for _ in range(steps):
             sched.run_batch(batch)
         t0 = clock()
-        pk, msgs, left, n = packed_type(getattr(export, "PACKED_LIMIT", wire.MAX_MESSAGE)), [], [], 0
+        limit = export.packed_limit(None) if hasattr(export, "packed_limit") else wire.MAX_MESSAGE
+        due_args = (not getattr(rec.timer, "elapsed_keeps_gil", True),) \
+            if "reads_ahead" in inspect.signature(export.packed_due).parameters else ()  # revisions before: none
+        pk, msgs, left, n = packed_type(limit), [], [], 0
         while True:
             before = pk.rows
             if not take_ready(rec.steps, rec.timer, clock(), False, export.CHUNK, left, pk, pipe.summary, *packed_args):
                 break
             n += pk.rows - before + len(left)
-            if export.packed_due(pk, not getattr(rec.timer, "elapsed_keeps_gil", True)):
+            if export.packed_due(pk, *due_args):
                 msgs.append(pk.finish())
         msgs.append(pk.finish())
         del msgs, left

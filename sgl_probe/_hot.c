@@ -2523,20 +2523,6 @@ ms_of(PyObject *t0, PyObject *t1)
     return span_of(t0, t1, 1e6);
 }
 
-/* span_of(t0, t1, div) for a resolved phase's C values (the ints its row would hold). */
-static PyObject *
-vals_span_ll(long long t0, long long t1, double div)
-{
-    long long d;
-    if (!__builtin_sub_overflow(t1, t0, &d))
-        return PyFloat_FromDouble((double)d / div);
-    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
-    PyObject *r = a && b ? span_of(a, b, div) : NULL;
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    return r;
-}
-
 /* A step resolved to C values: what resolve_row turns into a row, or pack_vals writes straight
    into a link message (the drain's packed pass, which makes no row). */
 typedef struct {
@@ -2553,7 +2539,14 @@ typedef struct {
 static PyObject *
 vals_span(PhaseVals *pv, double div)
 {
-    return vals_span_ll(pv->t0, pv->t1, div);
+    long long d;
+    if (!__builtin_sub_overflow(pv->t1, pv->t0, &d))
+        return PyFloat_FromDouble((double)d / div);
+    PyObject *a = PyLong_FromLongLong(pv->t0), *b = PyLong_FromLongLong(pv->t1);
+    PyObject *r = a && b ? span_of(a, b, div) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return r;
 }
 
 #define VALS_SMALL 4
@@ -4633,6 +4626,7 @@ static PyMemberDef packed_members[] = {
     {"spans", T_PYSSIZET, offsetof(PackedObject, spans), READONLY, "their spans (a step and its phases)"},
     {"nbytes", T_PYSSIZET, offsetof(PackedObject, p.len), READONLY, "bytes of rows written"},
     {"full", T_INT, offsetof(PackedObject, full), READONLY, "take stopped: max_bytes reached"},
+    {"max_bytes", T_PYSSIZET, offsetof(PackedObject, max_bytes), READONLY, "bytes of rows that make it full"},
     {NULL}};
 
 static PyTypeObject PackedStepsType = {

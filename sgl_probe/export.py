@@ -43,8 +43,12 @@ YIELD_S = 50e-6
 #: full once its rows hold the link's largest message less this (the take stops before the next
 #: step), so it stays under that size.
 PACKED_ROOM = 4096
-#: The packed pass's limit where the link takes ``wire.MAX_MESSAGE``.
-PACKED_LIMIT = wire.MAX_MESSAGE - PACKED_ROOM
+
+
+def packed_limit(sink: Any) -> int:
+    """The bytes of rows that make the packed pass's message full, for ``sink``'s link (its
+    ``max_message``; ``wire.MAX_MESSAGE`` for a sink without one)."""
+    return max(PACKED_ROOM, getattr(sink, "max_message", wire.MAX_MESSAGE) - PACKED_ROOM)
 
 
 def packed_due(packed: Any, reads_ahead: bool = False) -> bool:
@@ -55,7 +59,7 @@ def packed_due(packed: Any, reads_ahead: bool = False) -> bool:
     read the rest's again for the next message). Not before: each send is a few Python calls and
     three system calls, each of which hands the GIL to a scheduler thread that wants it, and this
     thread then waits to get it back."""
-    return packed.full or (reads_ahead and packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > wire.MAX_MESSAGE)
+    return packed.full or (reads_ahead and packed.nbytes + CHUNK * packed.nbytes // max(1, packed.rows) > packed.max_bytes)
 
 
 class InProcessSink:
@@ -207,8 +211,7 @@ class Pipeline:
             kept: list[tuple] = []
             kept_slow: list[bool] = []
             done = 0
-            packed = None if self._packed_type is None else self._packed_type(
-                max(PACKED_ROOM, min(wire.MAX_MESSAGE, getattr(sink, "max_message", wire.MAX_MESSAGE)) - PACKED_ROOM))
+            packed = None if self._packed_type is None else self._packed_type(packed_limit(sink))
             ahead = not getattr(timer, "elapsed_keeps_gil", True)
             summary = None if packed is None else self.summary
             metrics = None if packed is None else self.metrics

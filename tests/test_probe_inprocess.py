@@ -510,10 +510,28 @@ def test_the_packed_pass_sends_a_message_only_once_it_is_full(probe_factory, rec
     per_step = sum(m[1] for m in sent) / n
     assert len(sent) >= 2 and all(m[1] <= wire.MAX_MESSAGE for m in sent)
     assert all(due for due, _, _ in sent[:-1])  # none sent before it had to be
-    assert all(m[1] > export.PACKED_LIMIT for m in sent[:-1])
-    assert len(sent) == -(-n * per_step // export.PACKED_LIMIT)
+    limit = export.packed_limit(sink)
+    assert all(m[1] > limit for m in sent[:-1])
+    assert len(sent) == -(-n * per_step // limit)
     assert [i for m in sent for i in m[2]] == list(range(1, n + 1))
     receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= n, timeout=10)
+
+
+def test_a_packed_message_whose_reads_go_ahead_is_due_before_a_chunk_might_overflow_its_own_limit(monkeypatch):
+    """Where the take reads a chunk's GPU times ahead, the message goes before the next chunk might
+    not fit under its own limit (the link's, smaller than MAX_MESSAGE on a capped socket), not
+    only once full; where the reads keep the GIL, only once full."""
+    from types import SimpleNamespace
+
+    from sgl_probe import export
+
+    monkeypatch.setattr(export, "CHUNK", 100)
+    pk = SimpleNamespace(full=False, nbytes=600, rows=6, max_bytes=10_000)  # 100 bytes a step
+    assert export.packed_due(pk, True) and not export.packed_due(pk, False)
+    pk.max_bytes = 10_600
+    assert not export.packed_due(pk, True)
+    pk.full = True
+    assert export.packed_due(pk, True) and export.packed_due(pk, False)
 
 
 def test_shutdown_waits_for_a_drain_pass_already_under_way(probe_factory, tmp_path):

@@ -17,7 +17,13 @@ sink: what ``--enable-metrics`` or OTLP metrics add to the drain thread), the ro
 ``observe_rows`` with the summary, the packed pass as it takes each step (releases that do not
 feed metrics from the packed pass run the rows' pass only).
 
-    python3 benchmarks/drain_cpu.py [--steps 540] [--passes 20] [--runs 4] [--metrics] [--compare REV] [--json FILE]
+``--sampled RATE``: a ratio sampler (``OTEL_TRACES_SAMPLER=traceidratio``) keeps that share of the
+steps, plus the slow ones: the rows' pass decides each row (``StepSampling.keep_row``) and encodes
+the kept ones; the packed pass decides in C as it writes (releases without the C sampler run the
+rows' pass only, as their drain did for a sampled server).
+
+    python3 benchmarks/drain_cpu.py [--steps 540] [--passes 20] [--runs 4] [--metrics] [--sampled RATE]
+                                    [--compare REV] [--json FILE]
 
 ``--compare REV``: the same in fresh processes with git revision REV's probe (its C hot path
 compiled), runs alternating, with the paired ratio of ``all`` per run, this tree over REV.
@@ -39,10 +45,13 @@ HERE = Path(__file__).resolve().parent
 STAGES = ("take", "summary", "encode", "all", "packed_pass")
 
 
-def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool = False) -> dict:
+def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool = False,
+           sampled: float | None = None) -> dict:
     sys.path[:0] = [root, str(HERE)]
     os.environ.update({"SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
                        "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
+    if sampled is not None:
+        os.environ.update({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(sampled)})
     for key in ("SGL_PROBE_TRACE_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         os.environ.pop(key, None)
     import sgl_probe
@@ -69,7 +78,15 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
         metrics = pipe.metrics = PhaseMetrics({"tp_rank": 0}, [], flush_s=3600, fast=rec.c)
         if "metrics" not in inspect.signature(take_ready).parameters:
             packed_type = None  # no packed pass with metrics in that revision
-    packed_args = () if metrics is None else (metrics,)
+    packed_args: tuple = () if metrics is None else (metrics,)
+    sampling = pipe.sampling if sampled is not None else None
+    if sampling is not None:
+        c_state = getattr(sampling, "c_state", None)
+        if c_state is None or c_state() is None or "sampler" not in inspect.signature(take_ready).parameters:
+            packed_type = None  # no packed pass with a sampler in that revision
+        else:
+            packed_args = (metrics, c_state())
+    kept_total = [0, 0]  # steps the rows' pass / the packed pass sent
     got: dict = {k: [] for k in STAGES}
 
     def packed_pass() -> int:
@@ -88,10 +105,12 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
                 break
             n += pk.rows - before + len(left)
             if export.packed_due(pk, *due_args):
+                kept_total[1] += pk.rows
                 msgs.append(pk.finish())
+        kept_total[1] += pk.rows
         msgs.append(pk.finish())
         del msgs, left
-        if n != steps:
+        if n != steps and sampling is None:
             raise RuntimeError(f"packed: took {n} of {steps} steps")
         return clock() - t0
 
@@ -107,10 +126,20 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
         for j in range(0, len(rows), export.CHUNK):
             pipe.observe_rows(rows[j:j + export.CHUNK])
         t2 = clock()
-        slow = [False] * len(rows)
+        n = len(rows)
+        if sampling is None:
+            slow = [False] * len(rows)
+        else:  # the drain's decision per row, then only the kept ones encoded
+            kept, slow = [], []
+            for row in rows:
+                keep, was_slow = sampling.keep_row(row)
+                if keep:
+                    kept.append(row)
+                    slow.append(was_slow)
+            rows = kept
+            kept_total[0] += len(rows)
         msgs = wire.encode_steps(rows, slow, pack) if packs else wire.encode_steps(rows, slow)
         t3 = clock()
-        n = len(rows)
         del rows, msgs, slow
         t4 = clock()
         if n != steps:
@@ -126,7 +155,7 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
     if metrics is not None and metrics.failed:
         raise RuntimeError("the metrics switched themselves off")
     return {"probe": os.path.dirname(sgl_probe.__file__), "hotpath": rec.hotpath, "packed": pack is not None,
-            "metrics": metrics is not None,
+            "metrics": metrics is not None, "sampled": sampled, "sent_rows_packed": kept_total,
             **{f"{k}_us_per_step": statistics.median(v) if v else None for k, v in got.items()}}
 
 
@@ -137,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5, help="passes left out first")
     ap.add_argument("--runs", type=int, default=4, help="fresh processes per side")
     ap.add_argument("--metrics", action="store_true", help="both passes also feed the phase metrics")
+    ap.add_argument("--sampled", type=float, metavar="RATE", help="a ratio sampler keeping this share")
     ap.add_argument("--compare", metavar="REV", help="also run git revision REV's probe, runs alternating")
     ap.add_argument("--json", help="also write the result here")
     ap.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.passes, args.warmup, args.metrics)))
+        print(json.dumps(worker(args.worker, args.steps, args.passes, args.warmup, args.metrics, args.sampled)))
         return 0
 
     sys.path.insert(0, str(HERE))
@@ -155,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             for side in (roots if i % 2 == 0 else list(roots)[::-1]):
                 runs[side].append(worker_json([sys.executable, __file__, "--worker", roots[side], "--steps",
                                                str(args.steps), "--passes", str(args.passes), "--warmup",
-                                               str(args.warmup)] + (["--metrics"] if args.metrics else [])))
+                                               str(args.warmup)] + (["--metrics"] if args.metrics else [])
+                                              + ([] if args.sampled is None else ["--sampled", str(args.sampled)])))
     out: dict = {"steps": args.steps, "passes": args.passes, "warmup": args.warmup, "runs": args.runs,
-                 "metrics": args.metrics, "python": sys.version.split()[0]}
+                 "metrics": args.metrics, "sampled": args.sampled, "python": sys.version.split()[0]}
     if args.compare:
         out["base"] = args.compare
     for side, rs in runs.items():

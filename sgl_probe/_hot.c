@@ -37,6 +37,8 @@ static PyObject *s_data, *s_bounds, *s_add;
 static PyObject *int_one, *int_minus_one;
 static PyObject *perf_counter_ns;
 
+#include "_sampling.h"
+
 /* Section times, a benchmark-only build (``CC="cc -DSGL_PROBE_SECTION_TIMES"``; the GPU builder's
    ``--section-times``): where the wrappers' own time goes inside a real server, caches as they are
    there, which no timing layer around them can split; and the drain thread's C parts (``drain_*``:
@@ -2929,7 +2931,7 @@ static void summary_ctx_free(SummaryCtx *x);
 /* The packed pass (PackedSteps: defined with the link's layout). */
 typedef struct PackedObject PackedObject;
 static PyTypeObject PackedStepsType;
-static int pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v);
+static int pack_sampled(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v, SamplerObject *smp);
 static int packed_full(PackedObject *pk);
 static int summary_vals(SummaryCtx *x, StepVals *v);
 
@@ -2965,7 +2967,7 @@ static int metrics_vals(MetricsCtx *m, StepRecordObject *st, StepVals *v);
    ``full`` says so). */
 static PyObject *
 take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject *out, PyObject *on_drop,
-          PackedObject *pk, SummaryCtx *sx, MetricsCtx *mx)
+          PackedObject *pk, SummaryCtx *sx, MetricsCtx *mx, SamplerObject *smp)
 {
     if (!PyList_Check(out)) {
         PyErr_SetString(PyExc_TypeError, "take: out is a list");
@@ -3003,17 +3005,14 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
         int packed = 0, summed = 0;
         StepVals v;
         if (resolve_vals(f, c, (StepRecordObject *)st, &v) == 0) {
-            if (pk != NULL) {
-                packed = pack_vals(pk, c, (StepRecordObject *)st, &v);
-                if (packed < 0) { /* e.g. no memory for the buffer: the row still goes, pickled */
-                    PyErr_Clear();
-                    packed = 0;
-                }
+            if (pk != NULL && (packed = pack_sampled(pk, c, (StepRecordObject *)st, &v, smp)) < 0) {
+                packed = 1;
+                summed = -1;
             }
             if (!packed)
                 row = row_of_vals(c, (StepRecordObject *)st, &v);
             SECTION_ADD(drain_resolve, sec);
-            if (sx != NULL && (packed || row != NULL)) { /* in step order, row or not */
+            if (sx != NULL && (packed || row != NULL) && summed >= 0) { /* in step order, row or not */
                 if (summary_vals(sx, &v) < 0) {
                     summed = -1;
                     Py_CLEAR(row);
@@ -3076,30 +3075,36 @@ done:
 static int metrics_ctx(MetricsCtx *m, PyObject *state);
 static void metrics_ctx_free(MetricsCtx *m);
 
-/* The packed pass's optional arguments: (packed, summary[, metrics]), summary None or
+/* The packed pass's optional arguments: (packed, summary[, metrics[, sampler]]), summary None or
    summary_add's (seen, max_shapes, window, launch, accepts, decode), metrics None or
-   PhaseMetrics.c_state()'s (steps_of, phase_of, new_steps, new_hist, accept_hist, errors). 1 given
+   PhaseMetrics.c_state()'s (steps_of, phase_of, new_steps, new_hist, accept_hist, errors), sampler
+   None or StepSampling.c_state()'s StepSampler (a step it drops is summed up, not written). 1 given
    (``*sx`` / ``*mx`` set up where given: free them with packed_args_free), 0 not, -1 error. */
 static int
 take_packed_args(PyObject *const *args, Py_ssize_t extra, PackedObject **pk, SummaryCtx *sx, int *has_sx,
-                 MetricsCtx *mx, int *has_mx)
+                 MetricsCtx *mx, int *has_mx, SamplerObject **smp)
 {
     *pk = NULL;
+    *smp = NULL;
     *has_sx = *has_mx = 0;
     if (extra == 0)
         return 0;
-    if ((extra != 2 && extra != 3) || !Py_IS_TYPE(args[0], &PackedStepsType) ||
-        (args[1] != Py_None && (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 6))) {
-        PyErr_SetString(PyExc_TypeError, "take: packed is a PackedSteps, summary None or a 6-tuple");
+    if (extra < 2 || extra > 4 || !Py_IS_TYPE(args[0], &PackedStepsType) ||
+        (args[1] != Py_None && (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 6)) ||
+        (extra == 4 && args[3] != Py_None && !Py_IS_TYPE(args[3], &StepSamplerType))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take: packed is a PackedSteps, summary None or a 6-tuple, sampler None or a StepSampler");
         return -1;
     }
     *pk = (PackedObject *)args[0];
+    if (extra == 4 && args[3] != Py_None)
+        *smp = (SamplerObject *)args[3];
     if (args[1] != Py_None) {
         *has_sx = 1;
         if (summary_ctx(sx, &PyTuple_GET_ITEM(args[1], 0)) < 0)
             return -1;
     }
-    if (extra == 3 && args[2] != Py_None) {
+    if (extra >= 3 && args[2] != Py_None) {
         *has_mx = 1;
         if (metrics_ctx(mx, args[2]) < 0)
             return -1;
@@ -3117,42 +3122,43 @@ packed_args_free(SummaryCtx *sx, int has_sx, MetricsCtx *mx, int has_mx)
 }
 
 /* take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, on_drop[, packed,
-   summary]): take_loop for this CUDA timer. */
+   summary[, metrics[, sampler]]]): take_loop for this CUDA timer. */
 static PyObject *
 fast_take(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9 && nargs != 11 && nargs != 12) {
+    if (nargs != 9 && (nargs < 11 || nargs > 13)) {
         PyErr_SetString(PyExc_TypeError, "take(steps, n, out, elapsed, elapsed_address, keep_gil, kinds, error_text, "
-                                         "on_drop[, packed, summary[, metrics]])");
+                                         "on_drop[, packed, summary[, metrics[, sampler]]])");
         return NULL;
     }
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
     PackedObject *pk;
+    SamplerObject *smp;
     SummaryCtx sx;
     MetricsCtx mx;
     int has_sx, has_mx;
-    int given = take_packed_args(args + 9, nargs - 9, &pk, &sx, &has_sx, &mx, &has_mx);
+    int given = take_packed_args(args + 9, nargs - 9, &pk, &sx, &has_sx, &mx, &has_mx, &smp);
     TakeCtx c;
     PyObject *r = NULL;
     if (given >= 0 && take_ctx(f, &c, args + 3, args[7]) == 0) {
         if (read_ahead(&c, args[0], n) == 0)
-            r = take_loop(f, &c, args[0], n, args[2], args[8], pk, has_sx ? &sx : NULL, has_mx ? &mx : NULL);
+            r = take_loop(f, &c, args[0], n, args[2], args[8], pk, has_sx ? &sx : NULL, has_mx ? &mx : NULL, smp);
         take_ctx_free(&c);
     }
     packed_args_free(&sx, has_sx, &mx, has_mx);
     return r;
 }
 
-/* take_host(steps, n, out, offset, error_text, on_drop[, packed, summary[, metrics]]): take_loop for
-   the CPU timer (tokens are host-clock values, mapped by adding ``offset``). */
+/* take_host(steps, n, out, offset, error_text, on_drop[, packed, summary[, metrics[, sampler]]]):
+   take_loop for the CPU timer (tokens are host-clock values, mapped by adding ``offset``). */
 static PyObject *
 hot_take_host(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 && nargs != 8 && nargs != 9) {
+    if (nargs != 6 && (nargs < 8 || nargs > 10)) {
         PyErr_SetString(PyExc_TypeError,
-                        "take_host(steps, n, out, offset, error_text, on_drop[, packed, summary[, metrics]])");
+                        "take_host(steps, n, out, offset, error_text, on_drop[, packed, summary[, metrics[, sampler]]])");
         return NULL;
     }
     TakeCtx c = {0};
@@ -3162,12 +3168,13 @@ hot_take_host(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     c.host = 1;
     c.error_text = args[4];
     PackedObject *pk;
+    SamplerObject *smp;
     SummaryCtx sx;
     MetricsCtx mx;
     int has_sx, has_mx;
     PyObject *r = NULL;
-    if (take_packed_args(args + 6, nargs - 6, &pk, &sx, &has_sx, &mx, &has_mx) >= 0)
-        r = take_loop(NULL, &c, args[0], n, args[2], args[5], pk, has_sx ? &sx : NULL, has_mx ? &mx : NULL);
+    if (take_packed_args(args + 6, nargs - 6, &pk, &sx, &has_sx, &mx, &has_mx, &smp) >= 0)
+        r = take_loop(NULL, &c, args[0], n, args[2], args[5], pk, has_sx ? &sx : NULL, has_mx ? &mx : NULL, smp);
     packed_args_free(&sx, has_sx, &mx, has_mx);
     return r;
 }
@@ -4357,7 +4364,7 @@ pk_value(Packer *p, PyObject *v, int depth)
    UTF-8), a byte per row (kept because slow: ``slow``'s items, or none where NULL), then the rows;
    None where a string is not UTF-8. */
 static PyObject *
-pk_message(Packer *p, Py_ssize_t n, PyObject *slow)
+pk_message(Packer *p, Py_ssize_t n, PyObject *slow, const unsigned char *flags, Py_ssize_t n_flags)
 {
     Py_ssize_t ns = PyList_GET_SIZE(p->strings), size = 12 + n + p->len;
     const char **utf = PyMem_Malloc(sizeof(char *) * (ns + 1));
@@ -4392,7 +4399,7 @@ pk_message(Packer *p, Py_ssize_t n, PyObject *slow)
             w += 4 + lens[i];
         }
         for (Py_ssize_t i = 0; i < n; i++)
-            *w++ = slow != NULL && PyList_GET_ITEM(slow, i) == Py_True;
+            *w++ = slow != NULL ? PyList_GET_ITEM(slow, i) == Py_True : i < n_flags && flags[i];
         memcpy(w, p->buf, p->len);
     }
     PyMem_Free(utf);
@@ -4426,7 +4433,7 @@ hot_pack_steps(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             ok = PyTuple_CheckExact(PyList_GET_ITEM(rows, i)) ? pk_value(&p, PyList_GET_ITEM(rows, i), 1) : 0;
     }
     if (ok >= 0)
-        out = ok == 0 ? Py_NewRef(Py_None) : pk_message(&p, n, slow);
+        out = ok == 0 ? Py_NewRef(Py_None) : pk_message(&p, n, slow, NULL, 0);
 done:
     PyMem_Free(p.buf);
     Py_XDECREF(p.index);
@@ -4445,7 +4452,30 @@ struct PackedObject {
     Packer p;
     Py_ssize_t rows, spans, max_bytes;
     int full;
+    unsigned char *slow; /* a byte per row, kept because slow (rows past slow_cap: 0) */
+    Py_ssize_t slow_cap;
 };
+
+/* Row ``row`` of the message was kept only because it was slow. */
+static int
+packed_set_slow(PackedObject *pk, Py_ssize_t row)
+{
+    if (row >= pk->slow_cap) {
+        Py_ssize_t cap = pk->slow_cap ? pk->slow_cap : 256;
+        while (cap <= row)
+            cap *= 2;
+        unsigned char *grown = PyMem_Realloc(pk->slow, cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(grown + pk->slow_cap, 0, cap - pk->slow_cap);
+        pk->slow = grown;
+        pk->slow_cap = cap;
+    }
+    pk->slow[row] = 1;
+    return 0;
+}
 
 /* A tag and its value: a u32 (``wide`` 0: a tuple's count) or 64 bits (an int64, a float64). */
 static int
@@ -4534,6 +4564,36 @@ pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v)
     return 1;
 }
 
+/* The sampler's decision (``smp``; none: every step goes), then pack_vals for a step it keeps. 1
+   written, or dropped by the sampler (summed up all the same); 0 not written (a value with no tag,
+   no memory): the step becomes a row, its decision undone, and keep_row decides it; -1 the
+   sampler's error, raised as keep_row raises it. */
+static int
+pack_sampled(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v, SamplerObject *smp)
+{
+    SamplerUndo undo = {.window = -1};
+    int keep = 1, slow = 0;
+    if (smp != NULL && sampler_keep(smp, st->index, v->w0, v->w1, st->mode, &keep, &slow, &undo) < 0)
+        return -1;
+    if (!keep)
+        return 1;
+    Py_ssize_t mark = pk->p.len;
+    int packed = pack_vals(pk, c, st, v);
+    if (packed > 0 && slow && packed_set_slow(pk, pk->rows - 1) < 0) {
+        pk->p.len = mark;
+        pk->rows--;
+        pk->spans -= 1 + v->n;
+        packed = -1;
+    }
+    if (packed < 0) {
+        PyErr_Clear();
+        packed = 0;
+    }
+    if (packed == 0 && smp != NULL)
+        sampler_undo(smp, &undo);
+    return packed;
+}
+
 /* No more steps for this message (one at least, then ``max_bytes``). */
 static int
 packed_full(PackedObject *pk)
@@ -4586,6 +4646,7 @@ static void
 packed_dealloc(PackedObject *pk)
 {
     PyMem_Free(pk->p.buf);
+    PyMem_Free(pk->slow);
     Py_XDECREF(pk->p.index);
     Py_XDECREF(pk->p.strings);
     Py_TYPE(pk)->tp_free((PyObject *)pk);
@@ -4598,9 +4659,11 @@ packed_finish(PackedObject *pk, PyObject *unused)
 {
     if (pk->rows == 0)
         Py_RETURN_NONE;
-    PyObject *msg = pk_message(&pk->p, pk->rows, NULL);
+    PyObject *msg = pk_message(&pk->p, pk->rows, NULL, pk->slow, pk->slow_cap);
     if (msg == NULL)
         return NULL;
+    if (pk->slow != NULL)
+        memset(pk->slow, 0, pk->slow_cap);
     PyObject *index = PyDict_New(), *strings = PyList_New(0);
     if (index == NULL || strings == NULL) {
         Py_XDECREF(index);
@@ -4881,16 +4944,16 @@ PyInit__hot(void)
         PyErr_Clear(); /* none free: the clock and the timers' methods are looked up every time */
 #endif
     PyTypeObject *types[] = {&PhaseRecordType, &StepRecordType, &StepHookType, &PhaseHookType, &MarkHookType,
-                             &CudaFastType, &PackedStepsType};
+                             &CudaFastType, &PackedStepsType, &StepSamplerType};
     const char *names[] = {"PhaseRecord", "StepRecord", "StepHook", "PhaseHook", "MarkHook", "CudaFast",
-                           "PackedSteps"};
-    for (int i = 0; i < 7; i++)
+                           "PackedSteps", "StepSampler"};
+    for (int i = 0; i < 8; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&hot_module);
     if (m == NULL)
         return NULL;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(types[i]);

@@ -147,7 +147,7 @@ def ready_steps(steps: collections.deque, n: int, timer: Any, now_ns: int) -> in
 
 
 def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, limit: int, out: list,
-               packed: Any = None, summary: Any = None, metrics: Any = None) -> int:
+               packed: Any = None, summary: Any = None, metrics: Any = None, sampler: Any = None) -> int:
     """Move up to ``limit`` steps off the front of ``steps`` into ``out`` as rows, stopping at
     the first one not :func:`step_ready` (``final``: take them all). Every step taken has its
     events released; one that cannot be resolved (an event that never completed, at shutdown)
@@ -157,7 +157,9 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
     else reads the rows): the steps the C wrappers recorded are written into that link message
     instead, not to ``out`` (which gets the rest as rows), and every step taken is added to
     ``summary`` (the :class:`~sgl_probe.summary.Summary`, or None) and ``metrics`` (the
-    :class:`~sgl_probe.metrics.PhaseMetrics`, or None) here, in step order. Once the message is
+    :class:`~sgl_probe.metrics.PhaseMetrics`, or None) here, in step order; ``sampler`` (the
+    StepSampler of :meth:`~sgl_probe.sampling.StepSampling.c_state`, or None: every step goes)
+    decides each step it writes, one it drops leaving the message again. Once the message is
     full (``packed.full``), the rest of the ``limit`` waits for the next call.
 
     :func:`step_ready` and :func:`release_step` inline, and nothing at all asked of a host-clock
@@ -179,11 +181,11 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
         sstate = None if summary is None else summary.c_state()
         mstate = None if metrics is None else metrics.c_state()
         if mstate is None:
-            taken = take(steps, n, out, error_text, _drop, packed, sstate)
+            taken = take(steps, n, out, error_text, _drop, packed, sstate, None, sampler)
         else:
             taken = 0
             try:
-                taken = take(steps, n, out, error_text, _drop, packed, sstate, mstate)
+                taken = take(steps, n, out, error_text, _drop, packed, sstate, mstate, sampler)
             finally:
                 metrics.c_state_done(mstate, taken > 0)
         if packed.full:

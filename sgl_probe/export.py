@@ -122,7 +122,7 @@ class Pipeline:
         self.run_id = run_id
         self.ident = ident
         self.summary = Summary(cfg.summary_s, ident, getattr(recorder, "c", None))
-        self.sampling = StepSampling(run_id, ident)
+        self.sampling = StepSampling(run_id, ident, fast=getattr(recorder, "c", None))
         self.sink: Any = None
         if exporting(cfg):
             kind = InProcessSink if in_process else ProcessSink
@@ -131,12 +131,12 @@ class Pipeline:
                 self.sink.pack = getattr(getattr(recorder, "c", None), "pack_steps", None)
         self.metrics = metrics_setup.phase_metrics(
             ident, sinks.make_resource(ident, run_id, sglang_version), cfg.metrics, fast=getattr(recorder, "c", None))
-        # The packed pass: with every step exported and nothing but the summary and the metrics
-        # (both fed in C) reading the drain's rows, the C drain writes the steps straight into the
-        # link's message (see drain.take_ready).
+        # The packed pass: with nothing but the summary, the metrics and the sampler (all of them
+        # in C) reading the drain's rows, the C drain writes the steps straight into the link's
+        # message (see drain.take_ready).
         packed = getattr(getattr(recorder, "c", None), "PackedSteps", None)
         self._packed_type = packed if (
-            packed is not None and self.sampling.always
+            packed is not None and (self.sampling.always or self.sampling.c_state() is not None)
             and (self.metrics is None or self.metrics.c_state() is not None)
             and (self.summary.every_ns <= 0 or self.summary.c_state() is not None)
             and getattr(self.sink, "pack", None) is not None and hasattr(self.sink, "send_packed")) else None
@@ -215,11 +215,12 @@ class Pipeline:
             ahead = not getattr(timer, "elapsed_keeps_gil", True)
             summary = None if packed is None else self.summary
             metrics = None if packed is None else self.metrics
+            sampler = None if packed is None or always else sampling.c_state()
             now = held = time.perf_counter_ns()
             while steps:
                 rows: list[tuple] = []
                 before = 0 if packed is None else packed.rows
-                taken = take_ready(steps, timer, now, final, CHUNK, rows, packed, summary, metrics)
+                taken = take_ready(steps, timer, now, final, CHUNK, rows, packed, summary, metrics, sampler)
                 if not taken:
                     break
                 done += len(rows)

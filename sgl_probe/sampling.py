@@ -7,6 +7,10 @@ same steps on every rank. Our steps are roots, so the ``parentbased_*`` samplers
 root sampler does. A step the sampler drops is still exported when it is slow: longer than the
 running p99 of recent steps of the same forward mode (the steps a ratio sampler would most
 regret losing).
+
+With the C extension, a ratio sampler's (or always_off's) decisions are the extension's
+``StepSampler``: the same rules in C, one state for the drain's packed pass (which decides as it
+writes each step into the link's message, making no row) and for :meth:`StepSampling.keep_row`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, TraceIdRatioBased
 
@@ -87,22 +91,58 @@ class SlowSteps:
 
 
 class StepSampling:
-    """``keep(step) -> (export it, only because it was slow)``; counts both."""
+    """``keep(step) -> (export it, only because it was slow)``; counts both. ``fast``: the C
+    extension (see :meth:`c_state`)."""
 
-    def __init__(self, run_id: str, ident: dict, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, run_id: str, ident: dict, environ: Mapping[str, str] = os.environ,
+                 fast: Any = None) -> None:
         self.run_id = run_id
         self.ident = ident
         self.sampler = sampler_from_env(environ)
         self.slow = SlowSteps()
-        self.sampled_out = 0
-        self.kept_slow = 0
+        self._sampled_out = 0
+        self._kept_slow = 0
         self._bound_for: Optional[Sampler] = None  # the sampler _bound was worked out for
         self._bound: Optional[int] = None
         self._trace_ids: Optional[tuple] = None  # ((run id, dp rank), step_trace_ids for them)
+        self._c: Any = None  # the extension's StepSampler, for self._c_for
+        self._c_for: Optional[Sampler] = None
+        self._c_key: Optional[tuple] = None  # the (run id, dp rank) its prefix was set for
+        bound = 0 if self.sampler is ALWAYS_OFF else _ratio_bound(self.sampler)
+        kind = getattr(fast, "StepSampler", None)
+        if kind is not None and bound is not None:
+            try:
+                self._c = kind(bound, self.slow.window, self.slow.min_seen, self.slow.refresh)
+                self._c_for = self.sampler
+            except Exception as exc:  # the Python rules decide, as without the extension
+                log.debug("sgl-probe: sampling in Python (%s)", exc)
 
     @property
     def always(self) -> bool:
         return self.sampler is None
+
+    @property
+    def sampled_out(self) -> int:
+        """Steps the sampler dropped."""
+        return self._sampled_out + (self._c.sampled_out if self._c is not None else 0)
+
+    @property
+    def kept_slow(self) -> int:
+        """Steps the sampler dropped that were exported all the same, being slow."""
+        return self._kept_slow + (self._c.kept_slow if self._c is not None else 0)
+
+    def c_state(self) -> Any:
+        """The extension's StepSampler for the drain's packed pass, its trace-id prefix that of the
+        current run and dp rank (ranks may arrive after the first steps); None where the Python
+        rules decide (no extension, another sampler)."""
+        c = self._c
+        if c is None or self._c_for is not self.sampler:
+            return None
+        key = (self.run_id, self.ident.get("dp_rank", 0))
+        if key != self._c_key:
+            c.set_prefix(spans_mod.step_trace_prefix(self.run_id, self.ident))
+            self._c_key = key
+        return c
 
     def keep(self, step: ResolvedStep) -> tuple[bool, bool]:
         return self.keep_row(step)
@@ -110,6 +150,9 @@ class StepSampling:
     def keep_row(self, row: tuple) -> tuple[bool, bool]:
         """:meth:`keep` for a step as the drain resolves it (a plain tuple in ResolvedStep's field
         order): the drain thread decides every step, so no named copy is made of it."""
+        c = self.c_state()
+        if c is not None:
+            return c.keep(row[_INDEX], row[_START], row[_END], row[_MODE])
         slow = self.slow.is_slow_row(row)
         try:
             sampled = self._sampled(row[_INDEX])
@@ -118,9 +161,9 @@ class StepSampling:
         if sampled:
             return True, False
         if slow:
-            self.kept_slow += 1
+            self._kept_slow += 1
             return True, True
-        self.sampled_out += 1
+        self._sampled_out += 1
         return False, False
 
     def _sampled(self, index: int) -> bool:

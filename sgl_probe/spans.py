@@ -52,11 +52,16 @@ def step_trace_id(run_id: str, ident: dict, index: int) -> int:
     return derived_trace_id(run_id, *_step_parts(ident), index)
 
 
+def step_trace_prefix(run_id: str, ident: dict) -> bytes:
+    """What every :func:`step_trace_id` key of one run and replica starts with (the index follows)."""
+    return ("/".join([run_id, *_step_parts(ident)]) + "/").encode()
+
+
 def step_trace_ids(run_id: str, ident: dict) -> Callable[[int], int]:
     """:func:`step_trace_id` of one run and replica as a function of the index, the key's common
     prefix hashed once (blake2b streams: its state plus the index is the whole key's hash), for
     the drain thread, which derives one per step when a sampler decides."""
-    prefix = hashlib.blake2b(("/".join([run_id, *_step_parts(ident)]) + "/").encode(), digest_size=16)
+    prefix = hashlib.blake2b(step_trace_prefix(run_id, ident), digest_size=16)
 
     def trace_id(index: int) -> int:
         h = prefix.copy()

@@ -39,3 +39,18 @@ def test_drain_cpu_feeds_the_metrics_in_both_passes_with_metrics(tmp_path: Path)
     c = res["new"]
     assert res["metrics"] and c["per_run"][0]["metrics"]
     assert c["per_run"][0]["packed_pass_us_per_step"] > 0 and c["packed_pass_over_all"]["median"] > 0
+
+
+def test_drain_cpu_samples_in_both_passes_with_sampled(tmp_path: Path):
+    """``--sampled RATE``: the rows' pass decides each row, the packed pass decides in C as it
+    writes; both send some of their steps, not all (the worker raises where the rows' pass took
+    fewer steps than it recorded)."""
+    c_module()
+    res = run_benchmark(tmp_path, "drain_cpu.py", "--steps", "64", "--passes", "3", "--warmup", "1", "--runs", "1",
+                        "--sampled", "0.5", hotpath="c").result
+    run = res["new"]["per_run"][0]
+    assert res["sampled"] == run["sampled"] == 0.5
+    passes = 3 + 1  # warm-up included
+    for sent in run["sent_rows_packed"]:
+        assert 0 < sent < 64 * passes
+    assert run["packed_pass_us_per_step"] > 0

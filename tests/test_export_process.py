@@ -185,6 +185,8 @@ def test_sampled_run_keeps_the_slow_steps(probe_factory, receiver, caplog, monke
     for i in range(1, 401):
         sched.worker.work_s = 0.2 if i in slow else 0.0002
         sched.run_batch(Batch(ForwardMode.DECODE, 2))
+    # With the C extension the drain decides in its packed pass (sgl_probe._hot.StepSampler).
+    assert (probe.pipeline._packed_type is not None) == (probe.recorder.c is not None)
     probe.pipeline.flush(60.0)
     sampling = probe.pipeline.sampling
     receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= sampling.kept_slow, timeout=30)

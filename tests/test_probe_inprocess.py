@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sgl_probe import config
+from sgl_probe import config, wire
 from sgl_probe.activate import Probe
 from sgl_probe.targets import Target
 from sgl_probe.testing.receiver import OTLPReceiver
@@ -387,9 +387,16 @@ def test_sampled_out_steps_build_no_spans_but_count_in_the_summary(probe_factory
                            "OTEL_TRACES_SAMPLER_ARG": "0.5", "SGL_PROBE_SUMMARY_S": "3600"})
     sched = workload.Scheduler(None, tp_rank=0)
     built = []  # steps that leave this process (spans are built from them in the exporter process)
-    real_send = probe.pipeline.sink.send_steps
-    monkeypatch.setattr(probe.pipeline.sink, "send_steps",
-                        lambda steps, slow: built.extend(st[0] for st in steps) or real_send(steps, slow))  # rows: index first
+    sink = probe.pipeline.sink
+    real_send = sink._send
+
+    def send(data: bytes, spans: int) -> bool:  # rows or the packed pass: every STEPS message
+        kind, payload = wire.decode(data)
+        if kind == wire.STEPS:
+            built.extend(st[0] for st in payload[0])  # rows: index first
+        return real_send(data, spans)
+
+    monkeypatch.setattr(sink, "_send", send)
     sched.worker.work_s = 0.0
     n = 40
     for _ in range(n):

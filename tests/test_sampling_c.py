@@ -1,0 +1,156 @@
+"""The sampling decision in C (``sgl_probe._hot.StepSampler``): its BLAKE2b is hashlib's, it keeps
+and counts exactly the steps the Python rules of :mod:`sgl_probe.sampling` keep, and the drain's
+packed pass with it sends what the rows' pass and the Python rules send."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from types import SimpleNamespace as NS
+
+import pytest
+
+from sgl_probe import drain, recorder, sampling, spans, timing
+from sgl_probe.instrument import Hook
+from sgl_probe.recorder import Recorder
+from tests.hotpaths import c_module
+from tests.test_exact_recorder import FORWARD, STEP, ForwardMode
+
+LOG = logging.getLogger("sgl_probe.test")
+RATIO = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}
+
+
+@pytest.fixture
+def hot():
+    return c_module()
+
+
+def test_its_blake2b_is_hashlibs_on_every_length_around_the_block(hot):
+    s = hot.StepSampler(0)
+    rnd = random.Random(7)
+    for plen in range(0, 290):
+        prefix = rnd.randbytes(plen)
+        s.set_prefix(prefix)
+        for dlen in (0, 1, 7, 127, 128, 129, 255, 256, 257):
+            data = rnd.randbytes(dlen)
+            assert s.digest(data) == hashlib.blake2b(prefix + data, digest_size=16).digest(), (plen, dlen)
+
+
+def _rows(n: int, seed: int) -> list:
+    """Rows as the drain resolves them (index, start, end, mode, ...): a steady decode with a slow
+    step every 97th, a prefill every 5th, a mode of None now and then, indexes past 64 bits."""
+    rnd = random.Random(seed)
+    out = []
+    for i in range(1, n + 1):
+        ms = 20.0 if i % 97 == 96 else 1.0 + rnd.random() * 0.1
+        mode = None if i % 211 == 0 else ("EXTEND" if i % 5 == 0 else "DECODE")
+        index = i if i % 503 else (1 << 70) + i
+        start = rnd.randrange(10**15)
+        out.append((index, start, start + int(ms * 1e6), mode, 4, 4, 0.1, "cuda", ()))
+    return out
+
+
+@pytest.mark.parametrize("env", [{**RATIO, "OTEL_TRACES_SAMPLER_ARG": rate} for rate in ("0", "1e-6", "0.2", "0.5", "1")]
+                         + [{"OTEL_TRACES_SAMPLER": "always_off"}])
+def test_it_keeps_and_counts_the_steps_the_python_rules_keep(hot, env):
+    ident = {"tp_rank": 0, "dp_rank": 1}
+    by_c = sampling.StepSampling("run-c", ident, env, fast=hot)
+    by_py = sampling.StepSampling("run-c", ident, env)
+    assert by_c.c_state() is not None and by_py.c_state() is None
+    for row in _rows(3000, 11):
+        assert by_c.keep_row(row) == by_py.keep_row(row), row[0]
+    assert (by_c.kept_slow, by_c.sampled_out) == (by_py.kept_slow, by_py.sampled_out)
+    rate = env.get("OTEL_TRACES_SAMPLER_ARG")
+    if rate in ("0", "0.2") or rate is None:
+        assert by_c.kept_slow > 0 and by_c.sampled_out > 0
+
+
+def test_its_trace_ids_follow_a_dp_rank_learned_later(hot):
+    ident = {"tp_rank": 0}
+    env = {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    by_c, by_py = sampling.StepSampling("run-d", ident, env, fast=hot), sampling.StepSampling("run-d", ident, env)
+    rows = _rows(400, 3)
+    first = [by_c.keep_row(r) for r in rows[:200]]
+    assert first == [by_py.keep_row(r) for r in rows[:200]]
+    ident["dp_rank"] = 2
+    assert [by_c.keep_row(r) for r in rows[200:]] == [by_py.keep_row(r) for r in rows[200:]]
+    assert spans.step_trace_prefix("run-d", ident) == b"run-d/dp2/step/"
+
+
+def test_a_sampler_replaced_at_run_time_is_asked_in_python(hot):
+    s = sampling.StepSampling("run-x", {}, {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.5"}, fast=hot)
+    assert s.c_state() is not None
+    s.sampler = sampling.TraceIdRatioBased(0.25)
+    assert s.c_state() is None  # its bound was the old sampler's
+    row = _rows(1, 0)[0]
+    assert s.keep_row(row)[0] == (s._sampled(row[0]))
+
+
+def _recorded(hot, monkeypatch, n: int, first_index: int = 1) -> Recorder:
+    """``n`` steps recorded by the C wrappers with the CPU timer, their durations from a clock the
+    phase advances: steady decode, a slow step every 97th, a prefill every 5th; their indexes from
+    ``first_index`` on."""
+    now = [10**12]
+    monkeypatch.setattr(recorder, "perf_counter_ns", lambda: now[0])
+    monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)  # the same wall-clock offset every time
+    monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+    rec = Recorder("cpu", 10**6, LOG, "c")
+    assert rec.c is hot
+    rec.ensure_timer()
+    rec.step_count = first_index - 1
+    rnd = random.Random(5)
+
+    def body(worker, batch, i):
+        now[0] += int((20.0 if i % 97 == 96 else 1.0 + rnd.random() * 0.1) * 1e6)
+        return NS(can_run_cuda_graph=True)
+
+    fwd = rec.phase_method(Hook(FORWARD), body)
+    step = rec.step_method(Hook(STEP), lambda s, b, call: call())
+    worker = NS(model_runner=NS(server_args=NS(disable_cuda_graph=False)))
+    dec = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
+    ext = NS(forward_mode=ForwardMode.EXTEND, seq_lens=NS(shape=(2,)), extend_num_tokens=9)
+    for i in range(1, n + 1):
+        b = ext if i % 5 == 0 else dec
+        step(None, b, lambda: fwd(worker, b, i))
+        now[0] += 50_000
+    return rec
+
+
+@pytest.mark.parametrize("env,first", [({**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.2"}, 1),
+                                       ({"OTEL_TRACES_SAMPLER": "always_off"}, 1),
+                                       ({**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.2"}, (1 << 63) - 1000)])
+def test_the_packed_pass_with_it_sends_what_the_rows_and_the_python_rules_send(hot, monkeypatch, env, first):
+    """Every step decided once, as the rows' pass and the Python rules decide it; ``first``: from
+    the 1,000th step on, the indexes no longer fit the message's 64 bits, so those steps become
+    rows again (their decision in the pass undone, keep_row's taken)."""
+    ident = {"tp_rank": 0, "dp_rank": 0}
+    rec = _recorded(hot, monkeypatch, 2000, first)
+    rows: list = []
+    while drain.take_ready(rec.steps, rec.timer, 10**13, False, 128, rows):
+        pass
+    by_py = sampling.StepSampling("run-p", ident, env)
+    want = [(row, slow) for row in rows for keep, slow in [by_py.keep_row(row)] if keep]
+
+    rec = _recorded(hot, monkeypatch, 2000, first)
+    by_c = sampling.StepSampling("run-p", ident, env, fast=hot)
+    pk, left, got = hot.PackedSteps(8 * 1024), [], []
+    while True:
+        taken = drain.take_ready(rec.steps, rec.timer, 10**13, False, 128, left, pk, None, None, by_c.c_state())
+        got += [(row, slow) for row in left for keep, slow in [by_c.keep_row(row)] if keep]  # as the drain does
+        left.clear()
+        if pk.full or not taken:
+            data = pk.finish()
+            if data is not None:
+                sent, slow = hot.unpack_steps(data)
+                got += zip(sent, slow)
+        if not taken:
+            break
+    assert not rec.steps
+    got.sort(key=lambda item: item[0][0])
+    assert got == want
+    assert (by_c.c_state() is not None) and len(got) < 1000
+    assert sum(row[0] >= 1 << 63 for row, _slow in got) > (10 if first > 1 else -1)
+    assert (by_c.kept_slow, by_c.sampled_out) == (by_py.kept_slow, by_py.sampled_out)
+    assert by_c.kept_slow > 0 and by_c.sampled_out > 1000
+    assert sum(slow for _row, slow in got) == by_c.kept_slow

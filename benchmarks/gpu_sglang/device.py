@@ -945,9 +945,12 @@ def ab_judge(windows: dict) -> dict:
 #: steps the drain reads sooner, from caches SGLang has not yet evicted them from, cost less
 #: than the extra GIL hand-overs of more passes. ``selfchunk``: as ``self``, the drain taking 512 steps
 #: between two checks of its 2 ms stretch budget (the release: 64, 500 µs): fewer of the drain's own
-#: Python calls around each chunk and fewer hand-overs, each stretch longer.
+#: Python calls around each chunk and fewer hand-overs, each stretch longer. ``selfsampled``: as
+#: ``self``, a ratio sampler keeping ``GPU_BENCH_SAMPLE_RATE`` of the steps (0.1 unless set) and the
+#: slow ones (``OTEL_TRACES_SAMPLER=traceidratio``): what a sampled server's probe costs.
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
-              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk")
+              "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk",
+              "selfsampled")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -987,7 +990,10 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "selfdrain": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": os.environ.get("GPU_BENCH_DRAIN_S", "0.1"),
                           "OTEL_SERVICE_NAME": "sglang-selfdrain"},
             "selfchunk": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "512",
-                          "SGL_BENCH_DRAIN_YIELD_US": "2000", "OTEL_SERVICE_NAME": "sglang-selfchunk"}}[kind]
+                          "SGL_BENCH_DRAIN_YIELD_US": "2000", "OTEL_SERVICE_NAME": "sglang-selfchunk"},
+            "selfsampled": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_TRACES_SAMPLER": "traceidratio",
+                            "OTEL_TRACES_SAMPLER_ARG": os.environ.get("GPU_BENCH_SAMPLE_RATE", "0.1"),
+                            "OTEL_SERVICE_NAME": "sglang-selfsampled"}}[kind]
 
 
 def suite_overhead_ab(carry: Path, out: Path, launches: int, pairs: int = 12, window_s: float = 3.0,

@@ -159,7 +159,7 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
     ``summary`` (the :class:`~sgl_probe.summary.Summary`, or None) and ``metrics`` (the
     :class:`~sgl_probe.metrics.PhaseMetrics`, or None) here, in step order; ``sampler`` (the
     StepSampler of :meth:`~sgl_probe.sampling.StepSampling.c_state`, or None: every step goes)
-    decides each step it writes, one it drops leaving the message again. Once the message is
+    decides each step before it is written (one it drops is summed up, not written). Once the message is
     full (``packed.full``), the rest of the ``limit`` waits for the next call.
 
     :func:`step_ready` and :func:`release_step` inline, and nothing at all asked of a host-clock

@@ -220,12 +220,13 @@ class Pipeline:
             while steps:
                 rows: list[tuple] = []
                 before = 0 if packed is None else packed.rows
+                dropped = 0 if sampler is None else sampler.sampled_out
                 taken = take_ready(steps, timer, now, final, CHUNK, rows, packed, summary, metrics, sampler)
                 if not taken:
                     break
                 done += len(rows)
-                if packed is not None:
-                    done += packed.rows - before
+                if packed is not None:  # written, or resolved and dropped by the sampler in C
+                    done += packed.rows - before + (0 if sampler is None else sampler.sampled_out - dropped)
                     if packed_due(packed, ahead):
                         sink.send_packed(packed)
                 else:  # (the packed pass adds its steps to the summary and the metrics itself)

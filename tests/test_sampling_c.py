@@ -154,3 +154,20 @@ def test_the_packed_pass_with_it_sends_what_the_rows_and_the_python_rules_send(h
     assert (by_c.kept_slow, by_c.sampled_out) == (by_py.kept_slow, by_py.sampled_out)
     assert by_c.kept_slow > 0 and by_c.sampled_out > 1000
     assert sum(slow for _row, slow in got) == by_c.kept_slow
+
+
+def test_a_sampled_drain_counts_every_step_it_resolved(hot, monkeypatch):
+    """The drain's count (what ``Pipeline.drain`` returns) holds the steps the sampler dropped in
+    the packed pass, as it holds the rows the Python rules dropped."""
+    from sgl_probe import export
+
+    rec = _recorded(hot, monkeypatch, 600)
+    by_c = sampling.StepSampling("run-n", {}, {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.1"}, fast=hot)
+    sent = []
+    sink = NS(pack=hot.pack_steps, send_packed=lambda pk: sent.append(pk.finish()), poll=lambda: None,
+              send_steps=lambda *a: pytest.fail("rows from the packed pass"), max_message=export.wire.MAX_MESSAGE)
+    pipe = NS(recorder=rec, sink=sink, sampling=by_c, _packed_type=hot.PackedSteps, summary=None, metrics=None,
+              _lock=export.threading.Lock(), _log_summary=lambda: None)
+    assert export.Pipeline.drain(pipe) == 600
+    kept = sum(len(hot.unpack_steps(m)[0]) for m in sent if m is not None)
+    assert 0 < kept < 600 and kept + by_c.sampled_out == 600

@@ -5,7 +5,10 @@ built (the slow-step keep included). This times, on the same rows (plain tuples,
 makes them), the release's decision (``StepSampling.keep_row``: fields by position, the trace id's
 prefix hashed once, the sampler's own ratio rule) against the previous one, rebuilt here: a named
 ResolvedStep of each row, the whole trace id key hashed, the SDK's ``should_sample`` per step.
-Rounds alternate; this thread's CPU time; both must take the same decisions.
+With the C extension, ``c``: the same rules in C (``sgl_probe._hot.StepSampler``, what the drain
+decides with, through ``keep_row`` here; its packed pass calls it without the Python call:
+``drain_cpu.py --sampled``). Rounds alternate; this thread's CPU time; all must take the same
+decisions.
 
     python3 benchmarks/sampling_cost.py [--rows 4000] [--rounds 21] [--rate 0.1] [--json FILE]
 """
@@ -24,7 +27,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from gpu_common import median_ci, print_result  # noqa: E402
 from opentelemetry.sdk.trace.sampling import Decision  # noqa: E402
 
-from sgl_probe import sampling, spans  # noqa: E402
+from sgl_probe import hotpath, sampling, spans  # noqa: E402
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep, from_row, to_row  # noqa: E402
 
 IDENT = {"tp_rank": 0, "dp_rank": 0, "pp_rank": 0}
@@ -50,16 +53,12 @@ def previous_keep(s: sampling.StepSampling, row: tuple) -> tuple[bool, bool]:
     trace_id = spans.step_trace_id(s.run_id, s.ident, step.index)
     if s.sampler.should_sample(None, trace_id, "sglang.step").decision == Decision.RECORD_AND_SAMPLE:
         return True, False
-    if slow:
-        s.kept_slow += 1
-        return True, True
-    s.sampled_out += 1
-    return False, False
+    return (True, True) if slow else (False, False)
 
 
 def one(kind: str, data: list[tuple], env: dict) -> tuple[float, list]:
-    s = sampling.StepSampling("bench-run", dict(IDENT), env)
-    keep = s.keep_row if kind == "release" else (lambda row: previous_keep(s, row))
+    s = sampling.StepSampling("bench-run", dict(IDENT), env, fast=hotpath.load("c") if kind == "c" else None)
+    keep = s.keep_row if kind != "previous" else (lambda row: previous_keep(s, row))
     t0 = time.thread_time_ns()
     got = [keep(row) for row in data]
     return (time.thread_time_ns() - t0) / len(data) / 1e3, got
@@ -74,23 +73,25 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = rows(args.rows)
     env = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(args.rate)}
-    times: dict = {"release": [], "previous": []}
+    kinds = ("release", "previous") + (("c",) if hotpath.load("c") is not None else ())
+    times: dict = {k: [] for k in kinds}
     kept = None
-    for r in range(args.rounds + 1):  # the first round warms both up and is not kept
-        order = ("release", "previous") if r % 2 else ("previous", "release")
+    for r in range(args.rounds + 1):  # the first round warms them up and is not kept
         got = {}
-        for kind in order:
+        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
             us, got[kind] = one(kind, data, env)
             if r:
                 times[kind].append(us)
-        if got["release"] != got["previous"]:
-            raise SystemExit("the two decisions differ")
+        if any(got[k] != got["release"] for k in kinds):
+            raise SystemExit("the decisions differ")
         kept = got["release"]
-    ratio = median_ci([a / b for a, b in zip(times["release"], times["previous"])])
-    print_result({"rows": args.rows, "rounds": args.rounds, "rate": args.rate,
-                  "kept": sum(k for k, _ in kept), "kept_slow": sum(s for _, s in kept),
-                  "us_per_step": {k: statistics.median(v) for k, v in times.items()},
-                  "release_over_previous": ratio}, args.json)
+    out = {"rows": args.rows, "rounds": args.rounds, "rate": args.rate,
+           "kept": sum(k for k, _ in kept), "kept_slow": sum(s for _, s in kept),
+           "us_per_step": {k: statistics.median(v) for k, v in times.items()},
+           "release_over_previous": median_ci([a / b for a, b in zip(times["release"], times["previous"])])}
+    if "c" in times:
+        out["c_over_release"] = median_ci([a / b for a, b in zip(times["c"], times["release"])])
+    print_result(out, args.json)
     return 0
 
 

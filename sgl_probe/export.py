@@ -211,11 +211,13 @@ class Pipeline:
             kept: list[tuple] = []
             kept_slow: list[bool] = []
             done = 0
-            packed = None if self._packed_type is None else self._packed_type(packed_limit(sink))
+            sampler = None if always else sampling.c_state()
+            # (a sampler the C rules do not decide for: the rows, decided in Python)
+            packed = None if self._packed_type is None or (sampler is None and not always) \
+                else self._packed_type(packed_limit(sink))
             ahead = not getattr(timer, "elapsed_keeps_gil", True)
             summary = None if packed is None else self.summary
             metrics = None if packed is None else self.metrics
-            sampler = None if packed is None or always else sampling.c_state()
             now = held = time.perf_counter_ns()
             while steps:
                 rows: list[tuple] = []

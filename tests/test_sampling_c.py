@@ -171,3 +171,20 @@ def test_a_sampled_drain_counts_every_step_it_resolved(hot, monkeypatch):
     assert export.Pipeline.drain(pipe) == 600
     kept = sum(len(hot.unpack_steps(m)[0]) for m in sent if m is not None)
     assert 0 < kept < 600 and kept + by_c.sampled_out == 600
+
+
+def test_a_drain_whose_sampler_was_replaced_decides_in_python_on_rows(hot, monkeypatch):
+    """A sampler the C state was not made for (replaced at run time) is never bypassed: the drain
+    takes the rows and the Python rules decide them."""
+    from sgl_probe import export
+
+    rec = _recorded(hot, monkeypatch, 300)
+    by_c = sampling.StepSampling("run-r", {}, {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.5"}, fast=hot)
+    by_c.sampler = sampling.ALWAYS_OFF
+    sent = []
+    sink = NS(pack=hot.pack_steps, send_packed=lambda pk: pytest.fail("the packed pass ran"), poll=lambda: None,
+              send_steps=lambda rows, slow: sent.extend(zip(rows, slow)), max_message=export.wire.MAX_MESSAGE)
+    pipe = NS(recorder=rec, sink=sink, sampling=by_c, _packed_type=hot.PackedSteps, summary=NS(add_rows=len),
+              metrics=None, _lock=export.threading.Lock(), _log_summary=lambda: None, observe_rows=lambda rows: None)
+    assert export.Pipeline.drain(pipe) == 300
+    assert all(slow for _row, slow in sent) and len(sent) == by_c.kept_slow < 30  # always_off: the slow ones

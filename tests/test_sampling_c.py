@@ -188,3 +188,32 @@ def test_a_drain_whose_sampler_was_replaced_decides_in_python_on_rows(hot, monke
               metrics=None, _lock=export.threading.Lock(), _log_summary=lambda: None, observe_rows=lambda rows: None)
     assert export.Pipeline.drain(pipe) == 300
     assert all(slow for _row, slow in sent) and len(sent) == by_c.kept_slow < 30  # always_off: the slow ones
+
+
+def test_the_steps_it_drops_still_reach_the_summary_and_the_metrics(hot, monkeypatch):
+    """The summary line and the metrics count every step, sampled out or not: the packed pass with
+    the sampler leaves them as the rows' pass leaves them."""
+    from sgl_probe.metrics import PhaseMetrics
+    from sgl_probe.summary import Summary
+    from tests.test_hotpath_c import _metrics_state, _summary_state
+
+    env = {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    states = []
+    for packed in (False, True):
+        rec = _recorded(hot, monkeypatch, 700)
+        summ, pm = Summary(30, {"tp_rank": 0}, hot), PhaseMetrics({"tp_rank": 0}, [], flush_s=3600, fast=hot)
+        by = sampling.StepSampling("run-m", {}, env, fast=hot)
+        rows: list = []
+        if packed:
+            pk = hot.PackedSteps(1 << 20)
+            while drain.take_ready(rec.steps, rec.timer, 10**13, False, 128, rows, pk, summ, pm, by.c_state()):
+                pass
+            assert not rows and 0 < pk.rows < 200
+        else:
+            while drain.take_ready(rec.steps, rec.timer, 10**13, False, 128, rows):
+                pass
+            summ.add_rows(rows)
+            pm.observe_rows(rows)
+        states.append((_summary_state(summ), _metrics_state(pm)))
+    assert states[0] == states[1]
+    assert sum(n for _labels, n in states[1][1][1]) == 700  # the metrics' steps: every one

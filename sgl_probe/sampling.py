@@ -9,8 +9,8 @@ running p99 of recent steps of the same forward mode (the steps a ratio sampler 
 regret losing).
 
 With the C extension, a ratio sampler's (or always_off's) decisions are the extension's
-``StepSampler``: the same rules in C, one state for the drain's packed pass (which decides as it
-writes each step into the link's message, making no row) and for :meth:`StepSampling.keep_row`.
+``StepSampler``: the same rules in C, one state for the drain's packed pass (which decides each
+step before writing it into the link's message, making no row) and for :meth:`StepSampling.keep_row`.
 """
 
 from __future__ import annotations

@@ -4456,9 +4456,9 @@ struct PackedObject {
     Py_ssize_t slow_cap;
 };
 
-/* Row ``row`` of the message was kept only because it was slow. */
+/* Room for row ``row``'s kept-because-slow byte. */
 static int
-packed_set_slow(PackedObject *pk, Py_ssize_t row)
+packed_slow_room(PackedObject *pk, Py_ssize_t row)
 {
     if (row >= pk->slow_cap) {
         Py_ssize_t cap = pk->slow_cap ? pk->slow_cap : 256;
@@ -4473,7 +4473,6 @@ packed_set_slow(PackedObject *pk, Py_ssize_t row)
         pk->slow = grown;
         pk->slow_cap = cap;
     }
-    pk->slow[row] = 1;
     return 0;
 }
 
@@ -4577,18 +4576,15 @@ pack_sampled(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v, Sa
         return -1;
     if (!keep)
         return 1;
-    Py_ssize_t mark = pk->p.len;
-    int packed = pack_vals(pk, c, st, v);
-    if (packed > 0 && slow && packed_set_slow(pk, pk->rows - 1) < 0) {
-        pk->p.len = mark;
-        pk->rows--;
-        pk->spans -= 1 + v->n;
-        packed = -1;
-    }
+    int packed = slow ? packed_slow_room(pk, pk->rows) : 0; /* its flag's room first: nothing to take back */
+    if (packed == 0)
+        packed = pack_vals(pk, c, st, v);
     if (packed < 0) {
         PyErr_Clear();
         packed = 0;
     }
+    if (packed > 0 && slow)
+        pk->slow[pk->rows - 1] = 1;
     if (packed == 0 && smp != NULL)
         sampler_undo(smp, &undo);
     return packed;

@@ -180,13 +180,11 @@ def take_ready(steps: collections.deque, timer: Any, now_ns: int, final: bool, l
     else:
         sstate = None if summary is None else summary.c_state()
         mstate = None if metrics is None else metrics.c_state()
-        if mstate is None:
-            taken = take(steps, n, out, error_text, _drop, packed, sstate, None, sampler)
-        else:
-            taken = 0
-            try:
-                taken = take(steps, n, out, error_text, _drop, packed, sstate, mstate, sampler)
-            finally:
+        taken = 0
+        try:
+            taken = take(steps, n, out, error_text, _drop, packed, sstate, mstate, sampler)
+        finally:
+            if mstate is not None:
                 metrics.c_state_done(mstate, taken > 0)
         if packed.full:
             return taken

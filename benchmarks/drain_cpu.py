@@ -17,13 +17,18 @@ sink: what ``--enable-metrics`` or OTLP metrics add to the drain thread), the ro
 ``observe_rows`` with the summary, the packed pass as it takes each step (releases that do not
 feed metrics from the packed pass run the rows' pass only).
 
+``--evict-kb N``: after recording and before each pass, a walk over ~N KiB of shuffled objects
+(``hotpath_cold``'s), as SGLang's own work between two drain passes leaves the records cold: on a
+server they were written up to a second earlier, by another thread, and evicted since. Only the
+pass after the walk is timed.
+
 ``--sampled RATE``: a ratio sampler (``OTEL_TRACES_SAMPLER=traceidratio``) keeps that share of the
 steps, plus the slow ones: the rows' pass decides each row (``StepSampling.keep_row``) and encodes
 the kept ones; the packed pass decides in C as it writes (releases without the C sampler run the
 rows' pass only, as their drain did for a sampled server).
 
     python3 benchmarks/drain_cpu.py [--steps 540] [--passes 20] [--runs 4] [--metrics] [--sampled RATE]
-                                    [--compare REV] [--json FILE]
+                                    [--evict-kb N] [--compare REV] [--json FILE]
 
 ``--compare REV``: the same in fresh processes with git revision REV's probe (its C hot path
 compiled), runs alternating, with the paired ratio of ``all`` per run, this tree over REV.
@@ -46,7 +51,7 @@ STAGES = ("take", "summary", "encode", "all", "packed_pass")
 
 
 def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool = False,
-           sampled: float | None = None) -> dict:
+           sampled: float | None = None, evict_kb: int = 0) -> dict:
     sys.path[:0] = [root, str(HERE)]
     os.environ.update({"SGL_PROBE_SUMMARY_S": "30", "SGL_PROBE_TIMER": "cpu", "SGL_PROBE_METRICS": "off",
                        "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_MAX_PENDING": str(10 ** 7)})
@@ -59,9 +64,10 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
     from sgl_probe.activate import Probe
     from sgl_probe.drain import take_ready
 
-    from hotpath_cold import _workload
+    from hotpath_cold import _evictor, _workload
     from sched_shape import ROLES, table
 
+    walk = _evictor(evict_kb) if evict_kb else (lambda: 0)
     Scheduler, batch = _workload("drain_cpu_workload")
     probe = Probe(config.load(), targets=table("drain_cpu_workload", ROLES))
     probe.instrumentor.instrument()
@@ -94,6 +100,7 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
         straight into link messages and the summary, the messages freed."""
         for _ in range(steps):
             sched.run_batch(batch)
+        walk()
         t0 = clock()
         limit = export.packed_limit(None) if hasattr(export, "packed_limit") else wire.MAX_MESSAGE
         due_args = (not getattr(rec.timer, "elapsed_keeps_gil", True),) \
@@ -118,6 +125,7 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
         packed_ns = packed_pass() if packed_type is not None and i % 2 else None  # either first, by turns
         for _ in range(steps):
             sched.run_batch(batch)
+        walk()
         rows: list = []
         t0 = clock()
         while take_ready(rec.steps, rec.timer, clock(), False, export.CHUNK, rows):
@@ -155,7 +163,7 @@ def worker(root: str, steps: int, passes: int, warmup: int, with_metrics: bool =
     if metrics is not None and metrics.failed:
         raise RuntimeError("the metrics switched themselves off")
     return {"probe": os.path.dirname(sgl_probe.__file__), "hotpath": rec.hotpath, "packed": pack is not None,
-            "metrics": metrics is not None, "sampled": sampled, "sent_rows_packed": kept_total,
+            "metrics": metrics is not None, "sampled": sampled, "evict_kb": evict_kb, "sent_rows_packed": kept_total,
             **{f"{k}_us_per_step": statistics.median(v) if v else None for k, v in got.items()}}
 
 
@@ -167,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=4, help="fresh processes per side")
     ap.add_argument("--metrics", action="store_true", help="both passes also feed the phase metrics")
     ap.add_argument("--sampled", type=float, metavar="RATE", help="a ratio sampler keeping this share")
+    ap.add_argument("--evict-kb", type=int, default=0, help="objects walked before each pass, KiB")
     ap.add_argument("--compare", metavar="REV", help="also run git revision REV's probe, runs alternating")
     ap.add_argument("--json", help="also write the result here")
     ap.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.passes, args.warmup, args.metrics, args.sampled)))
+        print(json.dumps(worker(args.worker, args.steps, args.passes, args.warmup, args.metrics, args.sampled,
+                                args.evict_kb)))
         return 0
 
     sys.path.insert(0, str(HERE))
@@ -186,9 +196,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs[side].append(worker_json([sys.executable, __file__, "--worker", roots[side], "--steps",
                                                str(args.steps), "--passes", str(args.passes), "--warmup",
                                                str(args.warmup)] + (["--metrics"] if args.metrics else [])
-                                              + ([] if args.sampled is None else ["--sampled", str(args.sampled)])))
+                                              + ([] if args.sampled is None else ["--sampled", str(args.sampled)])
+                                              + (["--evict-kb", str(args.evict_kb)] if args.evict_kb else [])))
     out: dict = {"steps": args.steps, "passes": args.passes, "warmup": args.warmup, "runs": args.runs,
-                 "metrics": args.metrics, "sampled": args.sampled, "python": sys.version.split()[0]}
+                 "metrics": args.metrics, "sampled": args.sampled, "evict_kb": args.evict_kb, "python": sys.version.split()[0]}
     if args.compare:
         out["base"] = args.compare
     for side, rs in runs.items():
@@ -200,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         out["all_new_over_base"] = median_ci([a["all_us_per_step"] / b["all_us_per_step"]
                                        for a, b in zip(runs["new"], runs["base"])])
+        pairs = [(a["packed_pass_us_per_step"], b["packed_pass_us_per_step"]) for a, b in zip(runs["new"], runs["base"])
+                 if a.get("packed_pass_us_per_step") and b.get("packed_pass_us_per_step")]
+        if pairs:
+            out["packed_pass_new_over_base"] = median_ci([a / b for a, b in pairs])
     print_result(out, args.json)
     return 0
 

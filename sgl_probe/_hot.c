@@ -96,6 +96,46 @@ hot_section_times(PyObject *mod, PyObject *unused)
 #define SECTION_ADD(name, var)
 #endif
 
+/* The lines each wrapper touched the last time it ran, fetched together when it runs again. Between
+   two scheduler steps SGLang's own work evicts the probe's objects, and a wrapper reads them as a
+   chain (the hook, the thread's list, the recorder's slots, the timer's C half, its pool, ...), one
+   cache miss after another; most of them are the same objects step after step. Each wrapper notes
+   the addresses it goes through (``warm_note``) and asks for them all at its next entry
+   (``warm_issue``), so the misses overlap instead of queueing. A prefetch never faults, so a note
+   that is stale by then (an object freed since) costs one wasted fetch, nothing else. Under the
+   GIL, as every wrapper. */
+enum { WARM_STEP_IN, WARM_STEP_OUT, WARM_PHASE_IN, WARM_PHASE_OUT, WARM_MARK, WARM_N };
+#define WARM_MAX 32
+static const void *warm_at[WARM_N][WARM_MAX];
+static int warm_n[WARM_N];
+
+static inline void
+warm_issue(int w)
+{
+    const void *const *at = warm_at[w];
+    for (int i = 0, n = warm_n[w]; i < n; i++)
+        __builtin_prefetch(at[i], 1, 3); /* for writing: nearly every object's count changes */
+    warm_n[w] = 0;
+}
+
+static inline void
+warm_note(int w, const void *p)
+{
+    int n = warm_n[w];
+    if (n < WARM_MAX) {
+        warm_at[w][n] = p;
+        warm_n[w] = n + 1;
+    }
+}
+
+/* An object's first ``bytes`` bytes, a line each. */
+static inline void
+warm_note_span(int w, const void *p, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += 64)
+        warm_note(w, (const char *)p + off);
+}
+
 /* time.perf_counter_ns(): CLOCK_MONOTONIC on Linux (what CPython itself reads there). */
 static PyObject *
 clock_ns(void)
@@ -730,6 +770,29 @@ hook_enabled(HookObject *h)
     return r;
 }
 
+/* The lines every wrapper goes through: the hook, the thread's [step, phase] list, the hook's
+   ``enabled`` slot, the recorder's slots, the clock's watched namespace. */
+static void
+warm_note_hook(int w, HookObject *h, PyObject *cur)
+{
+    warm_note_span(w, h, sizeof(HookObject));
+    warm_note(w, &tls_seen);
+    warm_note(w, cur);
+    warm_note(w, ((PyListObject *)cur)->ob_item);
+    if (h->enabled_offset >= 0)
+        warm_note(w, (char *)h->hook + h->enabled_offset);
+    if (h->timer_offset >= 0)
+        warm_note(w, (char *)h->rec + h->timer_offset);
+    if (h->count_offset >= 0)
+        warm_note(w, (char *)h->rec + h->count_offset);
+#ifdef DICT_WATCH
+    if (h->clock_slot >= 0) {
+        warm_note(w, &watched_dicts[h->clock_slot]);
+        warm_note(w, &watched_answer[h->clock_slot]);
+    }
+#endif
+}
+
 /* read(target, args, kwargs, spec) with the call's arguments after self. */
 static PyObject *
 call_reader(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -842,6 +905,10 @@ read_fast(HookObject *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     PyObject *fm = getattr_maybe(batch, s_forward_mode);
     if (fm == NULL)
         return PyErr_Occurred() ? -1 : 0;
+    int w = h->fast_read == FAST_STEP ? WARM_STEP_IN : WARM_PHASE_IN;
+    warm_note(w, Py_TYPE(batch)); /* the batch itself is a new one each step; its class is not */
+    warm_note(w, fm);
+    warm_note(w, h->mode_seen);
     PyObject *key = NULL;
     if (h->mode_seen == Py_None || PyTuple_GET_ITEM(h->mode_seen, 0) != fm) {
         key = PyLong_FromVoidPtr(fm);
@@ -993,10 +1060,12 @@ static PyObject *
 step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     SECTION_T0(sec);
+    warm_issue(WARM_STEP_IN);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *cur = thread_cur(h);
     if (cur == NULL)
         goto passthrough_failed;
+    warm_note_hook(WARM_STEP_IN, h, cur);
     if (PyList_GET_ITEM(cur, 0) != Py_None)
         goto passthrough;
     int on = hook_enabled(h);
@@ -1024,6 +1093,7 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
         Py_DECREF(count);
         if (index == NULL)
             goto probe_error;
+        warm_note(WARM_STEP_IN, index); /* the count read at the next step */
         if (attr_set_at(h->rec, h->count_offset, s_step_count, index) < 0) {
             Py_DECREF(index);
             goto probe_error;
@@ -1045,9 +1115,17 @@ step_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames
             goto probe_error;
     }
     cur_set(cur, 0, (PyObject *)st);
+    if (n_free[1] > 0) /* the next step's record, unless the drain frees others first */
+        warm_note_span(WARM_STEP_IN, free_records[1][n_free[1] - 1], sizeof(StepRecordObject));
     SECTION_ADD(step_enter, sec);
     PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     SECTION_RESTART(sec);
+    warm_issue(WARM_STEP_OUT);
+    warm_note_hook(WARM_STEP_OUT, h, cur);
+    warm_note(WARM_STEP_OUT, h->queue);
+    warm_note(WARM_STEP_OUT, h->queue_append);
+    if (h->max_pending_offset >= 0)
+        warm_note(WARM_STEP_OUT, (char *)h->rec + h->max_pending_offset);
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (result == NULL) {
         fetch_exception(&type, &value, &tb);
@@ -1160,6 +1238,7 @@ static PyObject *
 phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     SECTION_T0(sec);
+    warm_issue(WARM_PHASE_IN);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *cur = thread_cur(h);
     if (cur == NULL) {
@@ -1167,6 +1246,7 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
             return NULL;
         return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     }
+    warm_note_hook(WARM_PHASE_IN, h, cur);
     /* Outside a scheduler step (startup warmup, graph capture) or nested inside another phase
        (verify -> target forward): not a phase of its own. */
     StepRecordObject *st = (StepRecordObject *)PyList_GET_ITEM(cur, 0);
@@ -1210,9 +1290,14 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
         return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     }
     cur_set(cur, 1, (PyObject *)ph);
+    if (n_free[0] > 0)
+        warm_note_span(WARM_PHASE_IN, free_records[0][n_free[0] - 1], sizeof(PhaseRecordObject));
     SECTION_ADD(phase_enter, sec);
     PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     SECTION_RESTART(sec);
+    warm_issue(WARM_PHASE_OUT);
+    warm_note_hook(WARM_PHASE_OUT, h, cur);
+    warm_note(WARM_PHASE_OUT, st->phases);
     cur_set(cur, 1, Py_None);
     Py_DECREF(cur);
     if (result == NULL) {
@@ -1250,12 +1335,14 @@ static PyObject *
 mark_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     SECTION_T0(sec);
+    warm_issue(WARM_MARK);
     PyObject *cur = thread_cur(h);
     if (cur == NULL) {
         if (probe_failed(h) < 0)
             return NULL;
         return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     }
+    warm_note_hook(WARM_MARK, h, cur);
     PyObject *ph = Py_NewRef(PyList_GET_ITEM(cur, 1));
     Py_DECREF(cur);
     if (ph != Py_None) {
@@ -1909,6 +1996,8 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         if (done < 0)
             return NULL;
     }
+    warm_note_span(WARM_PHASE_IN, f, sizeof(CudaFastObject));
+    warm_note(WARM_PHASE_IN, f->last_end);
     int busy = f->anchor_busy;
     PyObject *last = f->last_end;
     /* Untracked (see is_atom): a token holds the clock, the previous end token, torch's event and
@@ -2197,6 +2286,36 @@ done:
     return rc;
 }
 
+/* What the next phase end goes through: the timer's C half, the current stream's cached pair, the
+   pool and the event it hands out next (and that event's slot in the handle table), the anchors. */
+static void
+warm_stop_note(CudaFastObject *f, PyObject *anchors, PyObject *anchor)
+{
+    warm_note_span(WARM_PHASE_OUT, f, sizeof(CudaFastObject));
+    PyObject *hit = f->last_hit;
+    if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2) {
+        warm_note(WARM_PHASE_OUT, hit);
+        warm_note(WARM_PHASE_OUT, PyTuple_GET_ITEM(hit, 0));
+        warm_note(WARM_PHASE_OUT, PyTuple_GET_ITEM(hit, 1));
+    }
+    PyObject *pool = f->pool;
+    if (PyList_Check(pool)) {
+        warm_note(WARM_PHASE_OUT, pool);
+        Py_ssize_t n = PyList_GET_SIZE(pool);
+        if (n > 0) {
+            PyObject *next = PyList_GET_ITEM(pool, n - 1);
+            warm_note(WARM_PHASE_OUT, &((PyListObject *)pool)->ob_item[n - 1]);
+            warm_note(WARM_PHASE_OUT, next);
+            if (f->evh != NULL)
+                warm_note(WARM_PHASE_OUT, &f->evh[evh_slot(next)]);
+        }
+    }
+    warm_note(WARM_PHASE_OUT, anchors);
+    if (PyDict_Check(anchors))
+        warm_note(WARM_PHASE_OUT, ((PyDictObject *)anchors)->ma_keys);
+    warm_note(WARM_PHASE_OUT, anchor);
+}
+
 /* CudaTimer.stop: the capture check, the current stream, an event from the pool recorded on it,
    and the end token with this device's anchor. */
 static PyObject *
@@ -2272,6 +2391,7 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
             Py_SETREF(f->last_end, Py_NewRef(end));
         SECTION_ADD(stop_tail, sec_ev);
     }
+    warm_stop_note(f, anchors, anchor);
 done:
     Py_XDECREF(ev);
     Py_XDECREF(stream);
@@ -2955,6 +3075,99 @@ struct MetricsCtx {
 
 static int metrics_vals(MetricsCtx *m, StepRecordObject *st, StepVals *v);
 
+/* The steps take_loop has popped ahead of the one it takes (held, oldest at ``head``): each pass
+   of the loop asks for the lines of the next steps a level deeper the nearer it comes (the step,
+   its phases list, the list's items, the phase records, what their tokens hold), so the misses of
+   several steps overlap instead of the loop waiting out each one in turn. On a server the records
+   were written a second ago by another thread, and SGLang's work since has evicted them. */
+#define TAKE_AHEAD 8
+typedef struct {
+    PyObject *st[TAKE_AHEAD];
+    int head, n;
+} Ahead8;
+
+static inline void
+pf(const void *p)
+{
+    __builtin_prefetch(p, 1, 3); /* for writing: counts change (the loop's references, the release) */
+}
+
+/* The prefetches for the step ``pos`` places ahead of the next one taken (0: the next). A level
+   reads only what the level before it fetched one pass earlier. */
+static void
+take_warm_one(PyObject *o, int pos)
+{
+    if (pos >= 4) {
+        pf(o);
+        pf((char *)o + 64);
+        return;
+    }
+    if (Py_TYPE(o) != &StepRecordType)
+        return;
+    StepRecordObject *st = (StepRecordObject *)o;
+    PyObject *phases = st->phases;
+    if (pos == 3) {
+        pf(phases);
+        pf(st->host0);
+        pf(st->host1);
+        pf(st->index);
+        return;
+    }
+    if (phases == NULL || !PyList_CheckExact(phases))
+        return;
+    Py_ssize_t m = PyList_GET_SIZE(phases);
+    if (m > 4)
+        m = 4;
+    PyObject **items = ((PyListObject *)phases)->ob_item;
+    if (pos == 2) {
+        pf(items);
+        return;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        PyObject *ph = items[k];
+        if (pos == 1) {
+            pf(ph);
+            pf((char *)ph + 64);
+            pf((char *)ph + 128);
+            continue;
+        }
+        if (Py_TYPE(ph) != &PhaseRecordType)
+            continue;
+        PhaseRecordObject *pr = (PhaseRecordObject *)ph;
+        pf(pr->t_start);
+        pf(pr->t_end);
+        pf(pr->host0);
+        pf(pr->host1);
+        pf(pr->launch_ns);
+    }
+}
+
+static void
+take_warm(Ahead8 *ah)
+{
+    for (int j = 0; j < ah->n; j++)
+        take_warm_one(ah->st[(ah->head + j) % TAKE_AHEAD], j);
+}
+
+/* The steps popped ahead back at the front of ``steps``, in order (their references given back). */
+static int
+ahead_return(PyObject *steps, Ahead8 *ah)
+{
+    int rc = 0;
+    for (int j = ah->n - 1; j >= 0; j--) {
+        PyObject *x = ah->st[(ah->head + j) % TAKE_AHEAD];
+        if (rc == 0) {
+            PyObject *r = PyObject_CallMethodOneArg(steps, s_appendleft, x);
+            if (r == NULL)
+                rc = -1;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(x);
+    }
+    ah->n = 0;
+    return rc;
+}
+
 /* drain.take_ready's loop: pops n steps off ``steps``, appends each one's row to ``out`` and (CUDA
    timer, ``f``) releases its events; a step that cannot be resolved goes to on_drop(step, exc)
    instead, its events released all the same. Stops at a step the Python wrappers made (the
@@ -2975,6 +3188,8 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
     }
     /* The bound methods this loop calls for every step, read once. */
     PyObject *popleft = PyObject_GetAttr(steps, s_popleft), *release = NULL, *result = NULL;
+    Ahead8 ah = {.head = 0, .n = 0};
+    Py_ssize_t popped = 0;
     if (popleft == NULL)
         return NULL;
     if (f != NULL) {
@@ -2988,12 +3203,21 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
             goto done;
         }
         SECTION_T0(sec);
-        PyObject *st = PyObject_CallNoArgs(popleft);
-        if (st == NULL)
-            goto done;
+        while (ah.n < TAKE_AHEAD && popped < n) {
+            PyObject *x = PyObject_CallNoArgs(popleft);
+            if (x == NULL)
+                goto done;
+            ah.st[(ah.head + ah.n++) % TAKE_AHEAD] = x;
+            popped++;
+        }
+        PyObject *st = ah.st[ah.head];
+        ah.head = (ah.head + 1) % TAKE_AHEAD;
+        ah.n--;
+        take_warm(&ah);
         SECTION_ADD(drain_pop, sec);
         if (Py_TYPE(st) != &StepRecordType) {
-            PyObject *r = PyObject_CallMethodOneArg(steps, s_appendleft, st);
+            int bad = ahead_return(steps, &ah) < 0;
+            PyObject *r = bad ? NULL : PyObject_CallMethodOneArg(steps, s_appendleft, st);
             Py_DECREF(st);
             if (r == NULL)
                 goto done;
@@ -3067,6 +3291,19 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
     }
     result = PyLong_FromSsize_t(n);
 done:
+    if (ah.n > 0) { /* stopped early: the steps popped ahead go back, in order, untaken */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (ahead_return(steps, &ah) < 0) { /* that error stands instead */
+            Py_CLEAR(result);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+        else {
+            PyErr_Restore(type, value, tb);
+        }
+    }
     Py_DECREF(popleft);
     Py_XDECREF(release);
     return result;

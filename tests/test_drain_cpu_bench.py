@@ -54,3 +54,14 @@ def test_drain_cpu_samples_in_both_passes_with_sampled(tmp_path: Path):
     for sent in run["sent_rows_packed"]:
         assert 0 < sent < 64 * passes
     assert run["packed_pass_us_per_step"] > 0
+
+
+def test_drain_cpu_walks_the_caches_cold_before_each_pass_with_evict_kb(tmp_path: Path):
+    """``--evict-kb N``: both passes still take every step they recorded (the worker raises
+    otherwise), after a walk the result names."""
+    c_module()
+    res = run_benchmark(tmp_path, "drain_cpu.py", "--steps", "64", "--passes", "3", "--warmup", "1", "--runs", "1",
+                        "--evict-kb", "256", hotpath="c").result
+    run = res["new"]["per_run"][0]
+    assert res["evict_kb"] == run["evict_kb"] == 256
+    assert run["packed_pass_us_per_step"] > 0 and run["all_us_per_step"] > 0

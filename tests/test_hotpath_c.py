@@ -1059,6 +1059,55 @@ def test_the_c_drain_resolves_cpu_timer_steps_as_the_python_loop(hot, monkeypatc
     assert any(row[9] for row in rows) and any(ph[12] for row in rows for ph in row[8])  # errors' texts
 
 
+def _cpu_steps(hot, monkeypatch, python_at: int) -> tuple:
+    """The scenario's steps with the CPU timer, a step the Python wrappers made at ``python_at``."""
+    from sgl_probe import timing
+
+    monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)
+    monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+    rec = Recorder("cpu", 100, LOG, "c")
+    _scenario(rec, monkeypatch)
+    timer = rec.timer = CpuTimer(hot)
+    py = recorder.StepRecord(10**6, ("step", "DECODE", 1, 1), 10**7)
+    ph = recorder.PhaseRecord(("decode", "DECODE", 1, 1), "t", 10**7, 10**7)
+    ph.t_end = ph.host1 = py.host1 = 10**7 + 5
+    py.phases.append(ph)
+    rec.steps.insert(python_at, py)
+    return rec, timer
+
+
+@pytest.mark.parametrize("python_at", [0, 1, 7, 20])
+def test_the_c_drain_gives_back_the_steps_it_popped_ahead_in_their_order(hot, monkeypatch, python_at):
+    """The C loop pops a few steps ahead of the one it takes (their lines fetched meanwhile): where
+    it stops early (a step the Python wrappers made, a full message), those go back to the front of
+    the queue in their order, untaken, and the rows are the Python loop's."""
+    from sgl_probe import drain
+
+    rec, timer = _cpu_steps(hot, monkeypatch, python_at)
+    order = [st.index for st in rec.steps]
+    rows: list = []
+    taken = timer.take_rows(rec.steps, len(rec.steps), rows, drain.error_text, drain._drop)
+    assert taken == python_at and [r[0] for r in rows] == order[:python_at]
+    assert [st.index for st in rec.steps] == order[python_at:]  # the Python-made step first, then the rest
+    assert drain.take_ready(rec.steps, timer, 10**13, True, 1000, rows) == len(order) - python_at
+    rec2, timer2 = _cpu_steps(hot, monkeypatch, python_at)
+    monkeypatch.setattr(timer2, "take_rows", lambda *a: 0)
+    want: list = []
+    drain.take_ready(rec2.steps, timer2, 10**13, True, 1000, want)
+    assert rows == want and not rec.steps
+
+    # A message that fills after a few steps: each call stops there, the rest waits in order.
+    rec, timer = _cpu_steps(hot, monkeypatch, 10**6)  # the Python-made step last
+    order = [st.index for st in rec.steps]
+    pk, sent, n, calls = hot.PackedSteps(700), [], 0, 0
+    while len(rec.steps) > 1:
+        got = timer.take_rows(rec.steps, len(rec.steps), [], drain.error_text, drain._drop, pk, None)
+        assert got > 0 and [st.index for st in rec.steps] == order[n + got:]
+        n, calls = n + got, calls + 1
+        sent += [r[0] for r in hot.unpack_steps(pk.finish())[0]]
+    assert sent == order[:-1] and calls > 3
+
+
 def test_the_packed_pass_leaves_a_step_the_layout_cannot_carry_as_a_row(hot, monkeypatch):
     """CPU timer steps (errors, a capture, graphs and not, verifies) in the packed pass: a step with
     a value the packed layout has no tag for (a mode that is not a str, a string that is not

@@ -3216,12 +3216,11 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
         take_warm(&ah);
         SECTION_ADD(drain_pop, sec);
         if (Py_TYPE(st) != &StepRecordType) {
-            int bad = ahead_return(steps, &ah) < 0;
-            PyObject *r = bad ? NULL : PyObject_CallMethodOneArg(steps, s_appendleft, st);
-            Py_DECREF(st);
-            if (r == NULL)
-                goto done;
-            Py_DECREF(r);
+            /* Back at the front of the ones popped ahead, which all go back below: the caller's
+               Python loop takes it. */
+            ah.head = (ah.head + TAKE_AHEAD - 1) % TAKE_AHEAD;
+            ah.st[ah.head] = st;
+            ah.n++;
             result = PyLong_FromSsize_t(i);
             goto done;
         }
@@ -5180,13 +5179,14 @@ PyInit__hot(void)
                              &CudaFastType, &PackedStepsType, &StepSamplerType};
     const char *names[] = {"PhaseRecord", "StepRecord", "StepHook", "PhaseHook", "MarkHook", "CudaFast",
                            "PackedSteps", "StepSampler"};
-    for (int i = 0; i < 8; i++)
+    const int n_types = (int)(sizeof(types) / sizeof(types[0]));
+    for (int i = 0; i < n_types; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&hot_module);
     if (m == NULL)
         return NULL;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < n_types; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(types[i]);

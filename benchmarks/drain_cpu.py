@@ -31,7 +31,8 @@ rows' pass only, as their drain did for a sampled server).
                                     [--evict-kb N] [--compare REV] [--json FILE]
 
 ``--compare REV``: the same in fresh processes with git revision REV's probe (its C hot path
-compiled), runs alternating, with the paired ratio of ``all`` per run, this tree over REV.
+compiled), runs alternating, with the paired ratios of ``all`` and of the packed pass per run, this
+tree over REV.
 """
 
 from __future__ import annotations

@@ -578,3 +578,28 @@ def test_self_time_reads_the_drain_threads_whole_cpu_at_each_flip(shim, monkeypa
         probe.instrumentor.uninstrument()
         if probe.pipeline is not None:
             probe.pipeline.shutdown()
+
+
+def test_pmu_switch_counts_the_scheduler_threads_events_between_two_flips(shim, monkeypatch, tmp_path, capfd):
+    """``SGL_BENCH_PMU=1``: the flipping thread's counters are opened at the first flip and read at
+    each; the controller reports counts per step. The task clock exists on every Linux (the
+    hardware counters only where the host exposes them: the others are left out, one line each)."""
+    monkeypatch.setattr(activate, "_PROBE", None)
+    monkeypatch.setenv("SGL_BENCH_PMU", "1")
+    control = _load("control")
+    shim._flip(signal.SIGUSR2, None)
+    g0 = control.gc_stats(tmp_path, os.getpid())
+    t0 = time.thread_time_ns()
+    while time.thread_time_ns() - t0 < 30_000_000:  # 30 ms of this thread's CPU between the flips
+        pass
+    shim._flip(signal.SIGUSR2, None)
+    g1 = control.gc_stats(tmp_path, os.getpid())
+    pmu = {k: v for k, v in control.own_time({**g0, "self_ns": [0, 0, 0, 0]}, {**g1, "self_ns": [0, 0, 0, 1000]}).items()
+           if k.startswith("pmu:")}
+    assert 25_000 <= pmu["pmu:task_clock_ns"] <= 200_000  # ns per step over the 1,000 steps
+    assert g1["self_pmu"]["task_clock_ns"][1] == g0["self_pmu"]["task_clock_ns"][1] + 1
+    missing = [n for n, _, _ in shim._PMU_EVENTS if n not in g1["self_pmu"]]
+    err = capfd.readouterr().err
+    assert all(err.count(f"no {n} counter") == 1 for n in missing)
+    if "pmu:instructions" in pmu:
+        assert pmu["pmu:instructions"] > 0

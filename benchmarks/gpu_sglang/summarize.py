@@ -167,7 +167,7 @@ def cross_us_per_step(res: dict, batch: int = 16) -> dict:
         out.update(_kind_medians(gc_rows, ("gc", "gc_full_per_1000_steps"), lambda c, k: c[k]))
         self_rows = [r for r in gc_rows if "probe_self" in r]
         if self_rows:
-            targets = sorted({k for r in self_rows for k in r if k.startswith(("probe_self:", "timer_call", "section", "drain"))})
+            targets = sorted({k for r in self_rows for k in r if k.startswith(("probe_self:", "timer_call", "section", "drain", "pmu:"))})
             for key in ("probe_self", "hooked_calls", *targets):
                 out.update(_kind_medians([r for r in self_rows if key in r], (key,), lambda c, k: c[k]))
     return out

@@ -183,7 +183,8 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
     ``section:<name>`` / ``sections:<name>`` likewise for the C wrappers' sections where the
     extension was built with them (``SGL_PROBE_SECTION_TIMES``), and ``drain:<name>`` /
     ``drains:<name>`` for the drain thread's stretches between two GIL hand-overs (``hold``,
-    ``hold_cpu``, ``hold_over_<N>us``: µs and stretches per step). Steps as the
+    ``hold_cpu``, ``hold_over_<N>us``: µs and stretches per step), and ``pmu:<name>`` the scheduler
+    thread's hardware counts per step (``SGL_BENCH_PMU``). Steps as the
     shim counted them, else ``steps`` (e.g. from the token rate); None without totals or steps."""
     a, b = (g0 or {}).get("self_ns"), (g1 or {}).get("self_ns")
     if not a or not b:
@@ -204,6 +205,11 @@ def own_time(g0: dict | None, g1: dict | None, steps: float | None = None) -> di
             if c1 > c0:
                 out[f"{key}:{name}"] = (ns1 - ns0) / n / 1e3
                 out[f"{key}s:{name}"] = (c1 - c0) / n
+    before = (g0 or {}).get("self_pmu") or {}
+    for name, (v1, f1) in ((g1 or {}).get("self_pmu") or {}).items():
+        v0, f0 = before.get(name, (None, 0))
+        if v0 is not None and f1 > f0:
+            out["pmu:" + name] = (v1 - v0) / n  # counts per step, not µs
     return out
 
 

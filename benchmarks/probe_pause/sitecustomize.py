@@ -65,11 +65,22 @@ outside them (waking, taking the GIL back) is told from the process's other thre
 ``SGL_BENCH_DRAIN_YIELD_US=N`` / ``SGL_BENCH_DRAIN_CHUNK=K``: at its first flip the shim sets the
 drain's stretch budget (``sgl_probe.export.YIELD_AFTER_NS``, N µs) and the steps it takes between
 two checks of it (``CHUNK``), to measure other stretches against the release's 500 µs / 64.
+
+``SGL_BENCH_PMU=1``: at its first flip the shim opens the CPU's hardware counters for the thread
+that handles the signal, SGLang's scheduler thread (``perf_event_open``, user space only: cycles,
+instructions, L1 data and last-level cache read misses, branch misses, and the kernel's task clock
+in ns beside them), and every flip writes their
+running counts (``self_pmu``: name -> [count, flips]). Recording minus paused per step then says
+whether the scheduler thread runs more instructions while the probe records (its own and SGLang's)
+or the same ones slower (caches): what the probe's own time leaves unexplained. A counter the host
+does not expose is left out (virtual machines often expose none).
 """
 
+import ctypes
 import gc
 import json
 import os
+import struct
 import signal
 import sys
 import threading
@@ -134,6 +145,7 @@ def _flip(signum, frame):
             hot_calls = getattr(timer, "hot_calls", None)
             stream_calls = getattr(timer, "stream_calls", None)
             anchor_events = getattr(timer, "anchor_events_made", None)
+        _pmu_read()  # also without a probe: an A/A control's counters
         folder = os.environ.get("SGL_BENCH_PAUSE_DIR")
         if folder:
             with open(os.path.join(folder, "%d.gc" % os.getpid()), "w") as fh:
@@ -143,7 +155,8 @@ def _flip(signum, frame):
                                self_by_target={k: list(v) for k, v in _BY.items()} if _SELF_ON else None,
                                self_timer_calls={k: list(v) for k, v in _CALLS.items()} if _SELF_ON else None,
                                self_sections=_sections() if _SELF_ON else None,
-                               self_drain={k: list(v) for k, v in _DRAIN.items()} if _DRAIN_ON else None), fh)
+                               self_drain={k: list(v) for k, v in _DRAIN.items()} if _DRAIN_ON else None,
+                               self_pmu={k: list(v[1:]) for k, v in _PMU.items()} or None), fh)
             with open(os.path.join(folder, str(os.getpid())), "w") as fh:
                 fh.write(state)
     except Exception as exc:  # a benchmark aid must never take the server down
@@ -339,6 +352,40 @@ def _inside(orig, mine, clock=time.perf_counter_ns, acc=_SELF):
             mine[1] += d
 
     return inside
+
+
+#: The scheduler thread's hardware counters: name -> [fd, count, flips].
+_PMU = {}
+_PMU_OPENED = []
+# (name, perf type, config): PERF_TYPE_HARDWARE (0) cycles, instructions, branch misses;
+# PERF_TYPE_HW_CACHE (3) L1D / LL read misses (cache | op read << 8 | result miss << 16); and the
+# kernel's own clock of the thread (PERF_TYPE_SOFTWARE (1) task clock, ns), which every Linux has.
+_PMU_EVENTS = (("cycles", 0, 0), ("instructions", 0, 1), ("branch_misses", 0, 5),
+               ("l1d_read_misses", 3, 0 | (0 << 8) | (1 << 16)), ("llc_read_misses", 3, 2 | (0 << 8) | (1 << 16)),
+               ("task_clock_ns", 1, 1))
+_PERF_EVENT_OPEN = 298  # x86-64
+
+
+def _pmu_read():
+    if os.environ.get("SGL_BENCH_PMU") != "1":
+        return
+    if not _PMU_OPENED:
+        _PMU_OPENED.append(True)
+        libc = ctypes.CDLL(None, use_errno=True)
+        for name, kind, config in _PMU_EVENTS:
+            attr = bytearray(128)  # struct perf_event_attr, zeroed: counting, enabled, this thread
+            struct.pack_into("IIQQQQQ", attr, 0, kind, 128, config, 0, 0, 0, (1 << 5) | (1 << 6))
+            fd = libc.syscall(_PERF_EVENT_OPEN, (ctypes.c_char * 128).from_buffer(attr), 0, -1, -1, 0)
+            if fd >= 0:
+                _PMU[name] = [fd, 0, 0]
+            else:
+                sys.stderr.write("probe_pause: no %s counter (%s)\n" % (name, os.strerror(ctypes.get_errno())))
+    for acc in _PMU.values():
+        try:
+            acc[1] = struct.unpack("Q", os.read(acc[0], 8))[0]
+            acc[2] += 1
+        except OSError:
+            pass
 
 
 signal.signal(signal.SIGUSR2, _flip)

@@ -804,6 +804,10 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
                                              ("selfdrain", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": "0.1"}),
                                              ("selfchunk", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "512",
                                                             "SGL_BENCH_DRAIN_YIELD_US": "2000"}),
+                                             ("selfnodrain", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": "30",
+                                                              "SGL_PROBE_MAX_PENDING": "65536",
+                                                              "SGL_BENCH_POOL_MAX": "65536",
+                                                              "SGL_BENCH_ANCHOR_STOCK": "512"}),
                                              ("selfsampled", {"SGL_BENCH_SELF_TIME": "1",
                                                               "OTEL_TRACES_SAMPLER": "traceidratio",
                                                               "OTEL_TRACES_SAMPLER_ARG": "0.1"})])
@@ -811,6 +815,7 @@ def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches
     import device
 
     monkeypatch.delenv("GPU_BENCH_DRAIN_S", raising=False)
+    monkeypatch.delenv("GPU_BENCH_NODRAIN_S", raising=False)
     monkeypatch.delenv("GPU_BENCH_SAMPLE_RATE", raising=False)
 
     probe, env = device.ab_env("probe", "127.0.0.1:1"), device.ab_env(kind, "127.0.0.1:1")

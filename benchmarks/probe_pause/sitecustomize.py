@@ -66,6 +66,13 @@ outside them (waking, taking the GIL back) is told from the process's other thre
 drain's stretch budget (``sgl_probe.export.YIELD_AFTER_NS``, N µs) and the steps it takes between
 two checks of it (``CHUNK``), to measure other stretches against the release's 500 µs / 64.
 
+``SGL_BENCH_POOL_MAX=N`` (with ``SGL_BENCH_ANCHOR_STOCK=K``): at the first flip that finds the CUDA
+timer, its event pool keeps up to N events (the release: 4096) and is filled to N at once, each
+event recorded once on the current stream so none is created on a phase end later; K anchor
+events are kept in stock (the release: 16, ~1.6 s of refreshes). For a server whose drain passes
+seconds apart (``overhead_cross``'s ``selfnodrain`` kind): the steps pending between two passes
+hold their events, which the release's pool and stock are not sized for.
+
 ``SGL_BENCH_PMU=1``: at its first flip the shim opens the CPU's hardware counters for the thread
 that handles the signal, SGLang's scheduler thread (``perf_event_open``, user space only: cycles,
 instructions, L1 data and last-level cache read misses, branch misses, and the kernel's task clock
@@ -136,6 +143,7 @@ def _flip(signum, frame):
             timer = getattr(getattr(probe, "recorder", None), "timer", None)
             _keep_gil(timer)
             _start_events(timer)
+            _pool_sized(timer)
             _time_wrappers(probe)
             _time_timer_calls(timer)
             _time_drain(probe)
@@ -184,6 +192,27 @@ def _start_events(timer):
     if os.environ.get("SGL_BENCH_START_EVENTS") != "1" or getattr(timer, "start_events", True):
         return
     timer.record_starts()
+
+
+_POOL_SIZED = []
+
+
+def _pool_sized(timer):
+    n = os.environ.get("SGL_BENCH_POOL_MAX")
+    anchors = getattr(timer, "_anchors", None)
+    if not n or _POOL_SIZED or timer is None or not anchors or getattr(timer, "_pool", None) is None:
+        return
+    _POOL_SIZED.append(True)
+    timer._POOL_MAX = int(n)
+    stock = os.environ.get("SGL_BENCH_ANCHOR_STOCK")
+    if stock:
+        timer._FRESH_STOCK = int(stock)
+    stream = timer._current_stream(next(iter(anchors)))
+    pool = timer._pool
+    for _ in range(int(n) - len(pool)):
+        ev = timer._new()
+        timer._record(ev, stream)
+        pool.append(ev)
 
 
 def _drain_stretch():

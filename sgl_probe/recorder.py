@@ -91,8 +91,9 @@ class Recorder:
     # look-ups (sgl_probe._hot's attr_at). Everything else stays in the instance dict.
     __slots__ = ("timer", "step_count", "max_pending", "__dict__", "__weakref__")
 
-    def __init__(self, timer_choice: str, max_pending: int, log, hot: str = "auto") -> None:
+    def __init__(self, timer_choice: str, max_pending: int, log, hot: str = "auto", hold_s: float = 1.0) -> None:
         self._timer_choice = timer_choice
+        self._hold_s = hold_s  # seconds between two drain passes: the CUDA timer sizes its stock by it
         self._log = log
         # The C versions of step_method / phase_method and of the CUDA timer's start / stop, or None
         # (sgl_probe.hotpath).
@@ -125,7 +126,7 @@ class Recorder:
         if self.timer is None:
             from sgl_probe.timing import make_timer
 
-            self.timer = make_timer(self._timer_choice, self._log, self.c)
+            self.timer = make_timer(self._timer_choice, self._log, self.c, self._hold_s, self.max_pending)
         return self.timer
 
     def drop(self, st: StepRecord) -> None:

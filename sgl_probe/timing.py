@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import os
 import re
 import sys
@@ -290,13 +291,22 @@ class CudaTimer:
     # The anchor is at most this much older for it (20 ppm of 10 ms is 0.2 µs of drift); the
     # starts in between are marked as seen busy.
     _ANCHOR_RETRY_NS = 10_000_000
+    #: Ended events the pool keeps at least (more where the queue to the drain holds more steps:
+    #: the events of the steps pending between two drain passes come back at once).
     _POOL_MAX = 4096
-    #: Anchor events kept ready per device (replenish): ten are taken a second at most, and the
-    #: drain thread tops them up once a second.
+    #: Anchor events kept ready per device (replenish) for each second between two drain passes:
+    #: ten are taken a second at most, and the drain thread tops them up once a pass.
     _FRESH_STOCK = 16
     _STREAMS_MAX = 256
 
-    def __init__(self, torch_mod: Any, fast: Any = None) -> None:
+    def __init__(self, torch_mod: Any, fast: Any = None, hold_s: float = 1.0, max_pending: int = 0) -> None:
+        """``hold_s``: seconds between two drain passes (``SGL_PROBE_DRAIN_S``) and ``max_pending``:
+        steps the queue to the drain holds (``SGL_PROBE_MAX_PENDING``), which size the event pool
+        and the anchor stock so a step never makes an event while the drain passes in time."""
+        # Instance values, read by the Python methods (the C half asks them through _pop and
+        # replenish): a drain passing every 30 s needs ~300 anchors between two top-ups, not 16.
+        self._POOL_MAX = max(CudaTimer._POOL_MAX, max_pending)
+        self._FRESH_STOCK = min(1024, max(CudaTimer._FRESH_STOCK, math.ceil(CudaTimer._FRESH_STOCK * hold_s)))
         cuda = torch_mod.cuda
         C = torch_mod._C
         Event = cuda.Event
@@ -760,9 +770,10 @@ class CudaTimer:
             returned.append(end[0])
 
 
-def make_timer(choice: str, log, fast: Any = None) -> Any:
+def make_timer(choice: str, log, fast: Any = None, hold_s: float = 1.0, max_pending: int = 0) -> Any:
     """``auto`` picks CUDA only where this process has already put work on a CUDA device. ``fast``:
-    the C hot path (:mod:`sgl_probe.hotpath`), for the CUDA timer's start / stop."""
+    the C hot path (:mod:`sgl_probe.hotpath`), for the CUDA timer's start / stop; ``hold_s`` and
+    ``max_pending`` size its pool and anchor stock (:class:`CudaTimer`)."""
     if choice == "cpu":
         return CpuTimer(fast)
     try:
@@ -772,7 +783,7 @@ def make_timer(choice: str, log, fast: Any = None) -> Any:
     except Exception:
         usable = False
     if usable:
-        return CudaTimer(torch, fast)
+        return CudaTimer(torch, fast, hold_s, max_pending)
     if choice == "cuda":
         log.warning("sgl-probe: SGL_PROBE_TIMER=cuda but CUDA is not available here; using the cpu timer")
     return CpuTimer(fast)

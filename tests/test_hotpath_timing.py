@@ -224,6 +224,34 @@ def test_ended_events_come_back_from_the_pool():
     assert e2[0] is e1[0] and ft.Event.created == created
 
 
+def test_the_pool_keeps_the_events_of_every_step_the_queue_can_hold():
+    """The events of the steps pending between two drain passes come back at once: the pool keeps
+    as many as the queue holds steps (``max_pending``; 4,096 at least), so the next pass's steps
+    make none. Beyond the cap the rest are let go and made again."""
+    for max_pending, made_again in ((6000, 0), (0, 5000 - CudaTimer._POOL_MAX)):
+        ft = _FakeTorch()
+        timer = CudaTimer(ft, FAST["fast"], max_pending=max_pending)
+        timer.relax_capture_mode = False
+        ends = [_phase(ft, timer, i * 0.01, i * 0.01 + 0.005) for i in range(5000)]
+        ft.gpu_ms = ft.queued_ms
+        for tok, end in ends:  # the drain's pass over them all
+            timer.release(tok, end)
+        created = ft.Event.created
+        for i in range(5000):  # before the anchor is due again (100 ms after the first): no anchor made
+            _phase(ft, timer, 50.01 + i * 0.0099, 50.01 + i * 0.0099 + 0.005)
+        assert ft.Event.created - created == made_again
+
+
+def test_the_anchor_stock_covers_the_seconds_between_two_drain_passes():
+    """Ten anchors a second at most, topped up once a pass: 16 for each second between two passes
+    (``hold_s``, the drain's interval; 16 at least, 1,024 at most)."""
+    ft = _FakeTorch()
+    assert CudaTimer(ft, FAST["fast"])._FRESH_STOCK == CudaTimer._FRESH_STOCK == 16
+    assert CudaTimer(ft, FAST["fast"], hold_s=0.1)._FRESH_STOCK == 16
+    assert CudaTimer(ft, FAST["fast"], hold_s=30)._FRESH_STOCK == 480
+    assert CudaTimer(ft, FAST["fast"], hold_s=3600)._FRESH_STOCK == 1024
+
+
 def test_record_starts_gives_every_phase_its_own_start_event():
     """The benchmark switch: two events per phase, the interval between them."""
     ft, timer = _timer()
@@ -377,3 +405,17 @@ def test_a_due_anchors_drift_allowance_and_the_end_never_before_the_start():
     # A previous end mapped after this end's own mapping: the end is put at the start, never before.
     t0, t1, kind = start_after(off + 5 * s, s, 0, busy_due=False)
     assert (t0, t1, kind) == (off + 5 * s, off + 5 * s, GPU_EVENT)
+
+
+def test_the_probe_sizes_its_cuda_timer_by_the_drain_interval_and_the_queue(monkeypatch):
+    """``SGL_PROBE_DRAIN_S`` and ``SGL_PROBE_MAX_PENDING`` reach the CUDA timer the probe's recorder makes."""
+    from sgl_probe import activate, config, timing
+
+    asked = []
+    monkeypatch.setattr(timing, "make_timer", lambda choice, log, fast=None, hold_s=1.0, max_pending=0:
+                        asked.append((choice, hold_s, max_pending)) or "timer")
+    monkeypatch.setenv(activate.RUN_ID_VAR, "run")  # a Probe sets these where they are missing
+    monkeypatch.setenv(activate.envsnap.LAUNCHER_ENV_VAR, "{}")
+    cfg = config.load({"SGL_PROBE_DRAIN_S": "7.5", "SGL_PROBE_MAX_PENDING": "20000", "SGL_PROBE_TIMER": "cuda"})
+    probe = activate.Probe(cfg, targets=())
+    assert probe.recorder.ensure_timer() == "timer" and asked == [("cuda", 7.5, 20000)]

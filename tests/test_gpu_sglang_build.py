@@ -806,8 +806,7 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
                                                             "SGL_BENCH_DRAIN_YIELD_US": "2000"}),
                                              ("selfnodrain", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": "30",
                                                               "SGL_PROBE_MAX_PENDING": "65536",
-                                                              "SGL_BENCH_POOL_MAX": "65536",
-                                                              "SGL_BENCH_ANCHOR_STOCK": "512"}),
+                                                              "SGL_BENCH_POOL_MAX": "65536"}),
                                              ("selfsampled", {"SGL_BENCH_SELF_TIME": "1",
                                                               "OTEL_TRACES_SAMPLER": "traceidratio",
                                                               "OTEL_TRACES_SAMPLER_ARG": "0.1"})])

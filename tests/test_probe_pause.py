@@ -580,13 +580,13 @@ def test_self_time_reads_the_drain_threads_whole_cpu_at_each_flip(shim, monkeypa
             probe.pipeline.shutdown()
 
 
-def test_pool_switch_sizes_the_cuda_timers_pool_and_anchor_stock_once(shim, monkeypatch, tmp_path):
-    """SGL_BENCH_POOL_MAX=N, SGL_BENCH_ANCHOR_STOCK=K (``selfnodrain``): the first flip that finds the
-    CUDA timer with an anchor raises its pool's cap to N and fills the pool to N events, each
-    recorded once on that device's current stream; the anchor stock becomes K; later flips change
-    nothing. Without the variable, or before the timer has an anchor, nothing changes."""
+def test_pool_switch_fills_the_cuda_timers_pool_once(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_POOL_MAX=N (``selfnodrain``): the first flip that finds the CUDA timer with an
+    anchor raises its pool's cap to N and fills the pool to N events, each recorded once on that
+    device's current stream; later flips change nothing. Without the variable, or before the timer
+    has an anchor, nothing changes."""
     made, recorded = [], []
-    timer = NS(_pool=["old"], _POOL_MAX=4096, _FRESH_STOCK=16, _anchors={},
+    timer = NS(_pool=["old"], _POOL_MAX=4096, _anchors={},
                _new=lambda: made.append(object()) or made[-1],
                _record=lambda ev, stream: recorded.append((ev, stream)),
                _current_stream=lambda device: ("stream", device))
@@ -595,12 +595,11 @@ def test_pool_switch_sizes_the_cuda_timers_pool_and_anchor_stock_once(shim, monk
     shim._flip(signal.SIGUSR2, None)
     assert timer._pool == ["old"] and timer._POOL_MAX == 4096  # not asked
     monkeypatch.setenv("SGL_BENCH_POOL_MAX", "5")
-    monkeypatch.setenv("SGL_BENCH_ANCHOR_STOCK", "40")
     shim._flip(signal.SIGUSR2, None)
-    assert timer._pool == ["old"] and timer._FRESH_STOCK == 16  # no anchor yet: no device to record on
+    assert timer._pool == ["old"] and timer._POOL_MAX == 4096  # no anchor yet: no device to record on
     timer._anchors[3] = ("anchor", 0)
     shim._flip(signal.SIGUSR2, None)
-    assert timer._POOL_MAX == 5 and timer._FRESH_STOCK == 40
+    assert timer._POOL_MAX == 5
     assert timer._pool == ["old"] + made and len(made) == 4
     assert recorded == [(ev, ("stream", 3)) for ev in made]
     timer._pool.clear()

@@ -949,8 +949,8 @@ def ab_judge(windows: dict) -> dict:
 #: ``self``, a ratio sampler keeping ``GPU_BENCH_SAMPLE_RATE`` of the steps (0.1 unless set) and the
 #: slow ones (``OTEL_TRACES_SAMPLER=traceidratio``): what a sampled server's probe costs.
 #: ``selfnodrain``: as ``self``, the drain passing every ``GPU_BENCH_NODRAIN_S`` seconds (30 unless
-#: set), the queue, the event pool and the anchor stock sized for the steps pending in between
-#: (the shim's ``SGL_BENCH_POOL_MAX``, ``SGL_BENCH_ANCHOR_STOCK``): the windows between two passes
+#: set), the queue sized for the steps pending in between and the event pool filled for them at
+#: the first flip (the shim's ``SGL_BENCH_POOL_MAX``): the windows between two passes
 #: record, time and queue every step with no drain thread taking the GIL, what a drain that never
 #: takes it would leave (the pairs a pass falls in are outliers; the median is the others).
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
@@ -997,7 +997,7 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "selfchunk": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_CHUNK": "512",
                           "SGL_BENCH_DRAIN_YIELD_US": "2000", "OTEL_SERVICE_NAME": "sglang-selfchunk"},
             "selfnodrain": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_DRAIN_S": os.environ.get("GPU_BENCH_NODRAIN_S", "30"),
-                            "SGL_PROBE_MAX_PENDING": "65536", "SGL_BENCH_POOL_MAX": "65536", "SGL_BENCH_ANCHOR_STOCK": "512",
+                            "SGL_PROBE_MAX_PENDING": "65536", "SGL_BENCH_POOL_MAX": "65536",
                             "OTEL_SERVICE_NAME": "sglang-selfnodrain"},
             "selfsampled": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_TRACES_SAMPLER": "traceidratio",
                             "OTEL_TRACES_SAMPLER_ARG": os.environ.get("GPU_BENCH_SAMPLE_RATE", "0.1"),

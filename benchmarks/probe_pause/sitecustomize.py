@@ -66,12 +66,12 @@ outside them (waking, taking the GIL back) is told from the process's other thre
 drain's stretch budget (``sgl_probe.export.YIELD_AFTER_NS``, N µs) and the steps it takes between
 two checks of it (``CHUNK``), to measure other stretches against the release's 500 µs / 64.
 
-``SGL_BENCH_POOL_MAX=N`` (with ``SGL_BENCH_ANCHOR_STOCK=K``): at the first flip that finds the CUDA
-timer, its event pool keeps up to N events (the release: 4096) and is filled to N at once, each
-event recorded once on the current stream so none is created on a phase end later; K anchor
-events are kept in stock (the release: 16, ~1.6 s of refreshes). For a server whose drain passes
-seconds apart (``overhead_cross``'s ``selfnodrain`` kind): the steps pending between two passes
-hold their events, which the release's pool and stock are not sized for.
+``SGL_BENCH_POOL_MAX=N``: at the first flip that finds the CUDA timer, its event pool keeps up to
+N events and is filled to N at once, each event recorded once on the current stream, so no phase
+end makes one later. For a server whose drain passes seconds apart (``overhead_cross``'s
+``selfnodrain`` kind): the steps pending until the first pass would otherwise make theirs (the
+release keeps as many as ``SGL_PROBE_MAX_PENDING`` once they come back, and sizes its anchor stock
+by ``SGL_PROBE_DRAIN_S``).
 
 ``SGL_BENCH_PMU=1``: at its first flip the shim opens the CPU's hardware counters for the thread
 that handles the signal, SGLang's scheduler thread (``perf_event_open``, user space only: cycles,
@@ -204,9 +204,6 @@ def _pool_sized(timer):
         return
     _POOL_SIZED.append(True)
     timer._POOL_MAX = int(n)
-    stock = os.environ.get("SGL_BENCH_ANCHOR_STOCK")
-    if stock:
-        timer._FRESH_STOCK = int(stock)
     stream = timer._current_stream(next(iter(anchors)))
     pool = timer._pool
     for _ in range(int(n) - len(pool)):

@@ -68,8 +68,8 @@ two checks of it (``CHUNK``), to measure other stretches against the release's 5
 
 ``SGL_BENCH_POOL_MAX=N``: at the first flip that finds the CUDA timer, its event pool keeps up to
 N events and is filled to N at once, each event recorded once on the current stream, so no phase
-end makes one later (65,536 events take the scheduler thread well under a second at that flip,
-which opens the first pair, never judged). For a server whose drain passes seconds apart (``overhead_cross``'s
+end makes one later (that flip makes and records them all on the scheduler thread; it opens the
+first pair, which is never judged). For a server whose drain passes seconds apart (``overhead_cross``'s
 ``selfnodrain`` kind): the steps pending until the first pass would otherwise make theirs (the
 release keeps as many as ``SGL_PROBE_MAX_PENDING`` once they come back, and sizes its anchor stock
 by ``SGL_PROBE_DRAIN_S``).

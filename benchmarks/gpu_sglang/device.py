@@ -952,7 +952,9 @@ def ab_judge(windows: dict) -> dict:
 #: set), the queue sized for the steps pending in between and the event pool filled for them at
 #: the first flip (the shim's ``SGL_BENCH_POOL_MAX``): the windows between two passes
 #: record, time and queue every step with no drain thread taking the GIL, what a drain that never
-#: takes it would leave (the pairs a pass falls in are outliers; the median is the others).
+#: takes it would leave (the pairs a pass falls in are outliers; the median is the others). Its
+#: exporter processes' span queues hold a second's spans, so each pass drops most (counted): the
+#: kind measures the scheduler, not the export.
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
               "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk",
               "selfsampled", "selfnodrain")

@@ -109,12 +109,20 @@ enum { WARM_STEP_IN, WARM_STEP_OUT, WARM_PHASE_IN, WARM_PHASE_OUT, WARM_MARK, WA
 static const void *warm_at[WARM_N][WARM_MAX];
 static int warm_n[WARM_N];
 
+/* One line fetched for writing: nearly every object the wrappers and the drain touch has its count
+   changed (their references, the drain's release). */
+static inline void
+pf(const void *p)
+{
+    __builtin_prefetch(p, 1, 3);
+}
+
 static inline void
 warm_issue(int w)
 {
     const void *const *at = warm_at[w];
     for (int i = 0, n = warm_n[w]; i < n; i++)
-        __builtin_prefetch(at[i], 1, 3); /* for writing: nearly every object's count changes */
+        pf(at[i]);
     warm_n[w] = 0;
 }
 
@@ -3085,12 +3093,6 @@ typedef struct {
     PyObject *st[TAKE_AHEAD];
     int head, n;
 } Ahead8;
-
-static inline void
-pf(const void *p)
-{
-    __builtin_prefetch(p, 1, 3); /* for writing: counts change (the loop's references, the release) */
-}
 
 /* The prefetches for the step ``pos`` places ahead of the next one taken (0: the next). A level
    reads only what the level before it fetched one pass earlier. */

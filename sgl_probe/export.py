@@ -18,6 +18,7 @@ from typing import Any, Optional
 from sgl_probe import metrics_setup, sinks, wire
 from sgl_probe.contract import ENV_SPAN
 from sgl_probe.drain import take_ready
+from sgl_probe.drop_hints import DropHints
 from sgl_probe.exporter_process import ProcessSink
 from sgl_probe.resolved import ResolvedStep, from_row
 from sgl_probe.sampling import StepSampling
@@ -146,6 +147,7 @@ class Pipeline:
         self._pid = os.getpid()
         self._shut_down: Optional[int] = None  # the pid whose shutdown ran (a fork's child has its own)
         self._shutdown_lock = threading.Lock()
+        self._hints = DropHints(cfg.max_pending, cfg.drain_interval_s)
 
     @property
     def export_dropped(self) -> int:
@@ -269,6 +271,9 @@ class Pipeline:
     def _log_summary(self) -> None:
         by = self.dropped_by()
         dropped = sum(by.values())
+        if dropped:
+            for hint in self._hints.new_lines(by):
+                log.warning(hint)
         line = self.summary.maybe_line(dropped=dropped, by=by)
         if self.metrics is not None:
             self.metrics.set_dropped(dropped)

@@ -36,6 +36,10 @@ MAX_RESTARTS = 3
 #: Messages the link could not take yet wait here, in order (a burst larger than the socket's
 #: buffer, an exporter still starting); beyond this, new steps are dropped and counted.
 MAX_BACKLOG_BYTES = 16 << 20
+#: Said the first time the backlog is full (then only counted, as link= on the summary line).
+BEHIND = ("sgl-probe: spans dropped on their way to the exporter process: %d MiB of them wait for it, stopped or "
+          "not keeping up (link= on the summary line counts them from now on). Sampling "
+          "(OTEL_TRACES_SAMPLER=traceidratio) lowers its load; slow steps are still kept. Said once.")
 _live: "weakref.WeakSet[ProcessSink]" = weakref.WeakSet()
 
 
@@ -58,6 +62,7 @@ class ProcessSink:
         self.given_up = False
         self.closed = False  # shut down: no more sends, no restarts
         self.link_dropped = 0  # spans refused by a full link, or sent after giving up
+        self._said_behind = False
         self.lost = 0  # spans a dead exporter had not finished with
         self._dead_dropped: dict[str, int] = {}  # what dead exporters' outputs had dropped
         self.sent = 0  # spans sent to the current exporter
@@ -173,7 +178,13 @@ class ProcessSink:
 
     def _send(self, data: bytes, spans: int) -> bool:
         """Queue the message behind any waiting ones and send what the link takes now."""
-        if self.given_up or self.closed or (spans and self._backlog_bytes + len(data) > MAX_BACKLOG_BYTES):
+        if self.given_up or self.closed:  # said when it gave up or closed
+            self.link_dropped += spans
+            return False
+        if spans and self._backlog_bytes + len(data) > MAX_BACKLOG_BYTES:
+            if not self._said_behind:
+                self._said_behind = True
+                log.warning(BEHIND, MAX_BACKLOG_BYTES >> 20)
             self.link_dropped += spans
             return False
         self._backlog.append((data, spans))

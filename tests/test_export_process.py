@@ -202,9 +202,10 @@ def test_sampled_run_keeps_the_slow_steps(probe_factory, receiver, caplog, monke
         assert _wait(lambda: any(f"kept_slow={sampling.kept_slow}" in r.getMessage() for r in caplog.records), 5)
 
 
-def test_a_stalled_exporter_costs_counted_drops_never_a_wait(probe_factory, receiver, monkeypatch):  # noqa: F811
+def test_a_stalled_exporter_costs_counted_drops_never_a_wait(probe_factory, receiver, monkeypatch, caplog):  # noqa: F811
     """Stop the exporter (SIGSTOP): the link and then the bounded backlog fill, later steps are
-    dropped and counted, and no drain waits. Once it runs again, everything kept arrives."""
+    dropped and counted, and no drain waits; the server's log says so once. Once it runs again,
+    everything kept arrives."""
     from sgl_probe import exporter_process, wire
 
     monkeypatch.setattr(wire, "_BUFFER", 16 << 10)  # whatever this machine's socket limits are
@@ -234,6 +235,8 @@ def test_a_stalled_exporter_costs_counted_drops_never_a_wait(probe_factory, rece
     assert pipe.export_dropped == sink.link_dropped
     # the summary line's breakdown blames the link (the exporter was stopped), not the collector
     assert {k: n for k, n in pipe.dropped_by().items() if n} == {"link": sink.link_dropped}
+    hints = [r.getMessage() for r in caplog.records if "on the summary line counts them" in r.getMessage()]
+    assert hints == [exporter_process.BEHIND % 0], hints  # (this test's backlog: 32 KiB)
     steps = receiver.wait_for(lambda s: sum(x.name == "sglang.step" for x in s) >= 3001 - lost_steps, timeout=60)
     assert sum(x.name == "sglang.step" for x in steps) == 3001 - lost_steps
 

@@ -280,7 +280,7 @@ def test_forked_child_reinitialises_export(probe_factory, receiver):
     assert len(child) == 2
 
 
-def test_full_export_queue_drops_are_counted(probe_factory):
+def test_full_export_queue_drops_are_counted(probe_factory, caplog):
     import socket
 
     with socket.socket() as s:
@@ -300,6 +300,48 @@ def test_full_export_queue_drops_are_counted(probe_factory):
     assert probe.pipeline.export_dropped > 0
     line = probe.pipeline.summary.line(dropped=probe.pipeline.export_dropped)
     assert f"dropped={probe.pipeline.export_dropped}" in line
+    # said once, in the server's log, with the settings that change it
+    hints = [r.getMessage() for r in caplog.records if "on the summary line counts them" in r.getMessage()]
+    assert len(hints) == 1 and hints[0].startswith("sgl-probe: spans not delivered over OTLP"), hints
+    assert "OTEL_BSP_MAX_QUEUE_SIZE" in hints[0] and "SGL_PROBE_DRAIN_S=60 s" in hints[0]
+    for _ in range(50):
+        sched.run_batch(Batch(ForwardMode.DECODE, 1))
+    dropped = probe.pipeline.export_dropped
+    deadline = time.monotonic() + 15
+    while probe.pipeline.drain() is not None and probe.pipeline.export_dropped == dropped \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert probe.pipeline.export_dropped > dropped
+    assert sum("on the summary line counts them" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_steps_the_drain_has_no_room_for_are_said_once_naming_the_settings(probe_factory, caplog):
+    import logging
+
+    probe = probe_factory({"SGL_PROBE_MAX_PENDING": "5", "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_SUMMARY_S": "3600"})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    caplog.set_level(logging.INFO, logger="sgl_probe")
+
+    def said() -> list:
+        return [r.getMessage() for r in caplog.records if "on the summary line counts them" in r.getMessage()]
+
+    for _ in range(5):
+        sched.run_batch(Batch(ForwardMode.DECODE, 1))
+    probe.pipeline.drain()
+    assert probe.recorder.dropped_steps == 0 and said() == []  # a full queue, nothing dropped yet
+    for _ in range(12):  # five fit in the emptied queue
+        sched.run_batch(Batch(ForwardMode.DECODE, 1))
+    assert probe.recorder.dropped_steps == 7
+    assert said() == []  # not on the scheduler's thread: the drain says it
+    probe.pipeline.drain()
+    (line,) = said()
+    assert line.startswith("sgl-probe: steps dropped: more than SGL_PROBE_MAX_PENDING=5 steps")
+    assert "SGL_PROBE_DRAIN_S=3600 s" in line and "pending=" in line
+    for _ in range(10):
+        sched.run_batch(Batch(ForwardMode.DECODE, 1))
+    probe.pipeline.drain()
+    assert probe.recorder.dropped_steps > 7 and len(said()) == 1
 
 
 def test_each_launch_gets_a_fresh_run_id_and_launcher_env(probe_factory, monkeypatch):

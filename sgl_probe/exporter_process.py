@@ -178,7 +178,7 @@ class ProcessSink:
 
     def _send(self, data: bytes, spans: int) -> bool:
         """Queue the message behind any waiting ones and send what the link takes now."""
-        if self.given_up or self.closed:  # said when it gave up or closed
+        if self.given_up or self.closed:  # (giving up was said then; closed: the process is exiting)
             self.link_dropped += spans
             return False
         if spans and self._backlog_bytes + len(data) > MAX_BACKLOG_BYTES:

@@ -159,9 +159,13 @@ METRIC_COUNTERS = (METRIC_STEPS, METRIC_DROPPED)
 METRIC_HISTOGRAMS = (METRIC_PHASE_SECONDS, METRIC_ACCEPT_LENGTH)
 METRIC_GAUGES = (METRIC_SPEC_SPEEDUP, METRIC_SPEC_BREAK_EVEN)
 #: Labels of the phase histogram; the other metrics carry ``RANK_LABELS`` (steps also
-#: ``forward_mode``).
+#: ``forward_mode``, drops ``cause``).
 RANK_LABELS = RANKS
 PHASE_LABELS = ("phase", "forward_mode", "cuda_graph") + RANK_LABELS
+#: Why what ``METRIC_DROPPED`` counts was lost, as the summary line's breakdown names it:
+#: ``pending`` (steps: the drain was behind), ``link`` (spans: the exporter process), ``otlp`` and
+#: ``trace_dir`` (spans: that output).
+DROP_CAUSE_LABEL = "cause"
 #: 0.1 ms to 10 s, neighbours at most 1.5x apart: a 0.2 ms decode and a 5 s stall both resolve.
 PHASE_SECONDS_BUCKETS = tuple(round(m * 10.0 ** e, 6) for e in range(-4, 1)
                               for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8)) + (10.0,)

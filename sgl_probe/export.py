@@ -276,7 +276,7 @@ class Pipeline:
                 log.warning(hint)
         line = self.summary.maybe_line(dropped=dropped, by=by)
         if self.metrics is not None:
-            self.metrics.set_dropped(dropped)
+            self.metrics.set_dropped(by)
             if line and self.summary.last_verdict is not None:  # a window without one keeps the last
                 self.metrics.set_verdict(self.summary.last_verdict)
             self.metrics.maybe_flush()

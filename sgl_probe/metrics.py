@@ -30,7 +30,7 @@ import time
 from bisect import bisect_left
 from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence
 
-from sgl_probe.contract import ACCEPT_LENGTH_BUCKETS, PHASE_SECONDS_BUCKETS, RANK_LABELS
+from sgl_probe.contract import ACCEPT_LENGTH_BUCKETS, DROP_CAUSE_LABEL, PHASE_SECONDS_BUCKETS, RANK_LABELS
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 
 log = logging.getLogger("sgl_probe")
@@ -109,7 +109,7 @@ class Snapshot(NamedTuple):
     phases: tuple          # HistPoint per (phase, forward_mode, cuda_graph)
     steps: tuple           # (labels, count) per forward_mode
     accept_length: Optional[HistPoint]
-    dropped: int
+    dropped: tuple         # (labels, count) per cause
     verdict: Optional[tuple]  # (speedup, break_even) or None while unknown
 
 
@@ -141,7 +141,7 @@ class PhaseMetrics:
         self._phase: dict[tuple, Hist] = {}
         self._steps: dict[Optional[str], list] = {}
         self._accept: Optional[Hist] = None
-        self._dropped = 0
+        self._dropped: dict[str, int] = {}
         self._verdict: Optional[tuple] = None
         self._dirty = False
         self._last_flush = time.monotonic_ns()
@@ -219,11 +219,13 @@ class PhaseMetrics:
             self._accept = Hist(dict(self.ranks), ACCEPT_LENGTH_BUCKETS)
         return self._accept
 
-    def set_dropped(self, total: int) -> None:
-        """The rank's total of dropped steps so far (the counter follows it up)."""
-        if total > self._dropped:
-            self._dropped = total
-            self._dirty = True
+    def set_dropped(self, by: Mapping[str, int]) -> None:
+        """The rank's totals so far of what was dropped, by cause (the summary line's breakdown:
+        ``pending`` in steps, the others in spans); each counter follows its total up."""
+        for cause, total in by.items():
+            if total > self._dropped.get(cause, 0):
+                self._dropped[cause] = total
+                self._dirty = True
 
     def set_verdict(self, verdict: Any) -> None:
         """The live speculative verdict (anything with ``speedup`` and ``break_even``, e.g. the
@@ -237,7 +239,8 @@ class PhaseMetrics:
         return Snapshot(
             self.ranks, self.start_ns, time.time_ns(), tuple(h.frozen() for h in self._phase.values()),
             tuple((labels, n) for labels, n in self._steps.values()),
-            self._accept.frozen() if self._accept is not None else None, self._dropped, self._verdict)
+            self._accept.frozen() if self._accept is not None else None,
+            tuple(({DROP_CAUSE_LABEL: cause, **self.ranks}, n) for cause, n in self._dropped.items()), self._verdict)
 
     def maybe_flush(self) -> None:
         """``flush`` once ``flush_s`` has passed since the last one (call it when idle, too)."""

@@ -135,7 +135,7 @@ class OtlpSink:
             if s.accept_length is not None:
                 accept.append(hist_point(s.accept_length))
             steps += [number(n, labels) for labels, n in s.steps]
-            dropped.append(number(s.dropped, s.ranks))
+            dropped += [number(n, labels) for labels, n in s.dropped]
             if s.verdict is not None:
                 speedup.append(number(s.verdict[0], s.ranks))
                 break_even.append(number(s.verdict[1], s.ranks))
@@ -143,7 +143,8 @@ class OtlpSink:
             Metric(METRIC_PHASE_SECONDS, "GPU time of each SGLang phase per scheduler step.", "s",
                    Histogram(phase, cumulative)),
             Metric(METRIC_STEPS, "Scheduler steps measured.", "{step}", Sum(steps, cumulative, True)),
-            Metric(METRIC_DROPPED, "Steps dropped.", "{step}", Sum(dropped, cumulative, True)),
+            Metric(METRIC_DROPPED, "What the probe could not deliver, by cause (pending: steps; link, otlp, "
+                   "trace_dir: spans).", "{item}", Sum(dropped, cumulative, True)),
         ]
         if accept:
             metrics.append(Metric(METRIC_ACCEPT_LENGTH, "Speculative accept length per verify step.", "{token}",

@@ -13,7 +13,7 @@ import logging
 from typing import Any, Mapping, Optional
 
 from sgl_probe.contract import (
-    ACCEPT_LENGTH_BUCKETS, METRIC_ACCEPT_LENGTH, METRIC_DROPPED, METRIC_PHASE_SECONDS,
+    ACCEPT_LENGTH_BUCKETS, DROP_CAUSE_LABEL, METRIC_ACCEPT_LENGTH, METRIC_DROPPED, METRIC_PHASE_SECONDS,
     METRIC_SPEC_BREAK_EVEN, METRIC_SPEC_SPEEDUP, METRIC_STEPS, PHASE_LABELS, PHASE_SECONDS_BUCKETS,
     RANK_LABELS,
 )
@@ -42,7 +42,9 @@ class PrometheusSink:
             METRIC_ACCEPT_LENGTH, "Speculative accept length (tau) per verify step.",
             RANK_LABELS, buckets=ACCEPT_LENGTH_BUCKETS, **reg)
         self._dropped = Counter(
-            METRIC_DROPPED, "Steps the probe dropped (queue full or collector too slow).", RANK_LABELS, **reg)
+            METRIC_DROPPED, "What the probe could not deliver, by cause: pending (steps, the drain was behind), "
+            "link (spans, the exporter process), otlp and trace_dir (spans, that output).",
+            (DROP_CAUSE_LABEL,) + RANK_LABELS, **reg)
         # "mostrecent": one value per rank across the server's processes, no pid label.
         self._speedup = Gauge(
             METRIC_SPEC_SPEEDUP, "Live speculative-decoding speed-up over plain decode (>1 wins).",
@@ -78,8 +80,8 @@ class PrometheusSink:
             self._pushed[key] = hist
         for labels, n in snap.steps:
             self._add(self._steps, labels, n)
-        if snap.dropped:
-            self._add(self._dropped, snap.ranks, snap.dropped)
+        for labels, n in snap.dropped:
+            self._add(self._dropped, labels, n)
         key = ("verdict", tuple(snap.ranks.values()))
         if self._pushed.get(key, None) != snap.verdict and (snap.verdict is not None or key in self._pushed):
             speedup, break_even = snap.verdict or (float("nan"), float("nan"))  # NaN: not known now

@@ -74,7 +74,7 @@ for i in range(n):
     # 0.12 ms on rank 0 and 9 s on rank 1: both ends of the bucket range must resolve.
     m.observe_step(ResolvedStep(i + 1, 0, 1, "DECODE", 2, 2, 0.1, "cpu",
                                 (ph("decode", 0.12 if rank == 0 else 9000.0, "DECODE", graph=True),)))
-m.set_dropped(2); m.set_dropped(5)
+m.set_dropped({"otlp": 2}); m.set_dropped({"otlp": 5, "pending": 1}); m.set_dropped({"otlp": 4, "pending": 1})
 class V: speedup = 0.75 + rank; break_even = 3.0
 m.set_verdict(V)
 m.flush()
@@ -108,7 +108,9 @@ def test_two_ranks_through_the_multiprocess_directory(multiproc_dir):
         assert value("sgl_probe_phase_seconds_count", phase="extend", tp_rank=rank) == 1
         assert value("sgl_probe_steps_total", forward_mode="DECODE", tp_rank=rank) == n
         assert value("sgl_probe_steps_total", forward_mode="EXTEND", tp_rank=rank) == 1
-        assert value("sgl_probe_dropped_total", tp_rank=rank) == 5  # follows the total, not the calls
+        # each cause follows its total, not the calls, and never back down
+        assert value("sgl_probe_dropped_total", tp_rank=rank, cause="otlp") == 5
+        assert value("sgl_probe_dropped_total", tp_rank=rank, cause="pending") == 1
         assert value("sgl_probe_spec_speedup", tp_rank=rank) == 0.75 + int(rank)  # per rank, no pid label
         assert value("sgl_probe_spec_break_even_accept_length", tp_rank=rank) == 3.0
     labels = {k for s in got if s.name == "sgl_probe_phase_seconds_count" for k in s.labels}
@@ -165,7 +167,7 @@ def test_otlp_metrics_reach_the_receiver(protocol, monkeypatch):
             for i in range(5):
                 m.observe_step(step(i, phase("decode", 3.0, True)))
             m.observe_step(spec_step(5, accept=3.0))
-            m.set_dropped(4)
+            m.set_dropped({"pending": 0, "link": 4, "otlp": 0})
             m.set_verdict(Verdict)
             m.flush()
 
@@ -189,7 +191,8 @@ def test_otlp_metrics_reach_the_receiver(protocol, monkeypatch):
     assert steps == {"DECODE": 5, "TARGET_VERIFY": 1}
     accept = latest[(contract.METRIC_ACCEPT_LENGTH, None)]
     assert (accept.count, accept.sum) == (1, 3.0)
-    assert latest[(contract.METRIC_DROPPED, None)].value == 4
+    dropped = [(p.attributes, p.value) for p in receiver.latest_metrics(contract.METRIC_DROPPED)]
+    assert dropped == [({"cause": "link", "tp_rank": "1", "dp_rank": "0", "pp_rank": "0"}, 4)]  # none at 0
     assert latest[(contract.METRIC_SPEC_SPEEDUP, None)].value == 1.25
     assert latest[(contract.METRIC_SPEC_BREAK_EVEN, None)].value == 2.1
 
@@ -250,7 +253,7 @@ def test_a_failing_sink_costs_one_line_and_disables_the_metrics(caplog):
     with caplog.at_level(logging.WARNING, logger="sgl_probe"):
         for i in range(3):
             m.observe_step(step(i, phase("decode", 1.0)))
-        m.set_dropped(3)
+        m.set_dropped({"otlp": 3})
         m.set_verdict(Verdict)
         m.flush()
     assert m.failed and len(calls) == 1
@@ -341,7 +344,7 @@ def exported_series() -> tuple[set, set]:
     m = metrics.PhaseMetrics(RANKS, [PrometheusSink(registry=(reg := CollectorRegistry()))])
     m.observe_step(step(0, phase("decode", 3.0, True)))
     m.observe_step(spec_step(1))
-    m.set_dropped(1)
+    m.set_dropped({"trace_dir": 1})
     m.set_verdict(Verdict)
     m.flush()
     got = samples(generate_latest(reg).decode())

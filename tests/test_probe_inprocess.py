@@ -316,7 +316,13 @@ def test_full_export_queue_drops_are_counted(probe_factory, caplog):
 
 
 def test_steps_the_drain_has_no_room_for_are_said_once_naming_the_settings(probe_factory, caplog):
+    """...and counted by cause on the metrics (the summary line's breakdown)."""
     import logging
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sgl_probe import metrics
+    from sgl_probe.metrics_prom import PrometheusSink
 
     probe = probe_factory({"SGL_PROBE_MAX_PENDING": "5", "SGL_PROBE_DRAIN_S": "3600", "SGL_PROBE_SUMMARY_S": "3600"})
     sched = workload.Scheduler(None, tp_rank=0)
@@ -334,19 +340,14 @@ def test_steps_the_drain_has_no_room_for_are_said_once_naming_the_settings(probe
         sched.run_batch(Batch(ForwardMode.DECODE, 1))
     assert probe.recorder.dropped_steps == 7
     assert said() == []  # not on the scheduler's thread: the drain says it
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from sgl_probe import metrics
-    from sgl_probe.metrics_prom import PrometheusSink
-
-    reg = CollectorRegistry()  # the metrics a server with PROMETHEUS_MULTIPROC_DIR would expose
+    reg = CollectorRegistry()  # what a server's /metrics would carry (--enable-metrics)
     probe.pipeline.metrics = metrics.PhaseMetrics({"tp_rank": 0}, [PrometheusSink(registry=reg)], flush_s=0)
     probe.pipeline.drain()
     (line,) = said()
     assert line.startswith("sgl-probe: steps dropped: more than SGL_PROBE_MAX_PENDING=5 steps")
+    assert "SGL_PROBE_DRAIN_S=3600 s" in line and "pending=" in line
     assert 'sgl_probe_dropped_total{cause="pending",dp_rank="",pp_rank="",tp_rank="0"} 7.0' \
         in generate_latest(reg).decode()
-    assert "SGL_PROBE_DRAIN_S=3600 s" in line and "pending=" in line
     for _ in range(10):
         sched.run_batch(Batch(ForwardMode.DECODE, 1))
     probe.pipeline.drain()

@@ -38,6 +38,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from gpu_capture_check import small_workload, warm_on_side_stream
+
 #: sglp_stamp(ring, counter, mask): ring[atomicAdd(counter, 1) & mask] = %globaltimer (ns).
 #: PTX 7.0 for sm_70 and later: the driver compiles it for the GPU it runs on.
 PTX = r"""
@@ -127,29 +129,9 @@ class Driver:
         return ring, dev.value
 
 
-def workload(torch, hidden: int, layers: int):
-    g = torch.Generator(device="cuda").manual_seed(7)
-    ws = [torch.randn(hidden, hidden, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02 for _ in range(layers)]
-    x = torch.randn(8, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
-    out = torch.zeros(8, hidden, device="cuda", dtype=torch.bfloat16)
-
-    def step():
-        y = x
-        for w in ws:
-            y = torch.nn.functional.silu(y @ w)
-        out.copy_(y)
-
-    return step
-
-
 def capture(torch, step, stamp=None):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    """``step`` warmed up, then captured; ``stamp`` (given the capturing stream) as the last node."""
+    warm_on_side_stream(torch, step)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
@@ -182,7 +164,7 @@ def run(replays: int, blocks: int, block: int, hidden: int, layers: int) -> dict
         return {"skipped": "no CUDA device"}
     torch.zeros(1, device="cuda")  # torch's primary context, current on this thread
     drv = Driver()
-    step = workload(torch, hidden, layers)
+    step, _ = small_workload(torch, hidden, layers)
     plain = capture(torch, step)
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "replays": replays}
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from sgl_probe import contract as C
+from sgl_probe.sinks import ROOM_WAIT_S
 
 _QUEUE = "OTEL_BSP_MAX_QUEUE_SIZE"
 
@@ -24,13 +25,16 @@ HINTS = {
                 "from now on). Raise {max_pending_env} above the steps the server runs between two passes, or "
                 "lower {drain_env}. Said once."),
     "otlp": ("sgl-probe: spans not delivered over OTLP (otlp= on the summary line counts them from now on): the "
-             "collector refused them or was unreachable (OpenTelemetry's own lines say which), or their queue "
-             "was full: a slow collector, or a drain pass ({drain_env}={drain_s:g} s of steps) with more spans "
-             "than " + _QUEUE + " holds; for that, raise " + _QUEUE + " or lower {drain_env}. Said once."),
+             "collector refused them or was unreachable (OpenTelemetry's own lines say which), or it took them "
+             "more slowly than the server made them and their queue stayed full (" + _QUEUE + " spans; a drain "
+             "pass, {drain_env}={drain_s:g} s of steps, waits up to {room_wait_s:g} s for room in it). A "
+             "larger " + _QUEUE + " rides out longer outages; sampling (OTEL_TRACES_SAMPLER) lowers the load. "
+             "Said once."),
     "trace_dir": ("sgl-probe: spans not written to the trace dir (trace_dir= on the summary line counts them from "
-                  "now on): a file could not be written (a line above says why), or their queue was full: a drain "
-                  "pass ({drain_env}={drain_s:g} s of steps) with more spans than " + _QUEUE + " holds; for that, "
-                  "raise " + _QUEUE + " or lower {drain_env}. Said once."),
+                  "now on): a file could not be written (a line above says why), or the file system took them "
+                  "more slowly than the server made them and their queue stayed full (" + _QUEUE + " spans; a "
+                  "drain pass, {drain_env}={drain_s:g} s of steps, waits up to {room_wait_s:g} s for room in "
+                  "it). Said once."),
 }
 
 
@@ -38,7 +42,7 @@ class DropHints:
     """Which causes have been said; :meth:`new_lines` gives the lines for those seen first now."""
 
     def __init__(self, max_pending: int, drain_s: float) -> None:
-        self._fields = {"max_pending": max_pending, "drain_s": drain_s,
+        self._fields = {"max_pending": max_pending, "drain_s": drain_s, "room_wait_s": ROOM_WAIT_S,
                         "max_pending_env": C.ENV_MAX_PENDING, "drain_env": C.ENV_DRAIN_S}
         self._said: set[str] = set()
 

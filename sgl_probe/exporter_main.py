@@ -110,7 +110,8 @@ class Exporter:
 
         run_id, ident, spec, version, pid, trace_dir = meta
         if self.sink is None:
-            self.sink = sinks.SpanSink(trace_dir, pid, delay_ms=BATCH_DELAY_MS)
+            # Waiting for queue room holds only this process's loop; the server's link buffers.
+            self.sink = sinks.SpanSink(trace_dir, pid, delay_ms=BATCH_DELAY_MS, room_wait_s=sinks.ROOM_WAIT_S)
         self.meta = meta
         self.resource = sinks.make_resource(ident, run_id, version, pid)
 

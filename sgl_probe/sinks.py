@@ -9,7 +9,9 @@ Exporters follow the standard OpenTelemetry variables (``OTEL_EXPORTER_OTLP_*``,
 exporter is wrapped to count the spans it has finished with, and a span is handed to a processor
 only while fewer than ``OTEL_BSP_MAX_QUEUE_SIZE`` are in flight there (so the SDK's own queue
 never overflows silently); a span that finds no room, or whose export failed, is dropped and
-counted.
+counted. In the exporter process a span that finds no room first waits for it, while the
+exporter keeps finishing batches (:data:`ROOM_WAIT_S`): a drain pass hands over a second of
+spans at once, more than the queue holds on a fast server, and that burst is no reason to drop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 from opentelemetry.sdk.resources import Resource
@@ -31,6 +34,13 @@ log = logging.getLogger("sgl_probe")
 
 _PROTOCOLS = ("grpc", "http/protobuf")
 _DEFAULT_QUEUE = 2048  # the SDK's default for OTEL_BSP_MAX_QUEUE_SIZE
+#: In the exporter process, how long one handed-over pass may wait for queue room in all: the
+#: server's link buffers behind it meanwhile, and drops (counted) what does not fit there.
+ROOM_WAIT_S = 2.0
+#: An output that finishes no batch for this long is stalled (a collector gone, a file system
+#: hung): the rest of the pass is dropped for it, and the next passes do not wait on it until it
+#: finishes a batch again, so one stalled output never holds the other back for long.
+STALL_S = 0.5
 
 
 class JsonLinesExporter(SpanExporter):
@@ -151,10 +161,12 @@ def _queue_size(environ: Mapping[str, str]) -> int:
 
 
 class _Counted(SpanExporter):
-    """Counts the spans its exporter has finished with (exported or failed)."""
+    """Counts the spans its exporter has finished with (exported or failed), and tells
+    ``progress`` each time."""
 
-    def __init__(self, inner: SpanExporter) -> None:
+    def __init__(self, inner: SpanExporter, progress: threading.Condition) -> None:
         self.inner = inner
+        self.progress = progress
         self.done = 0
         self.failed = 0
 
@@ -166,7 +178,9 @@ class _Counted(SpanExporter):
             result = SpanExportResult.FAILURE
         if result != SpanExportResult.SUCCESS:
             self.failed += len(spans)
-        self.done += len(spans)
+        with self.progress:
+            self.done += len(spans)
+            self.progress.notify_all()
         return result
 
     def shutdown(self) -> None:
@@ -179,23 +193,29 @@ class _Counted(SpanExporter):
 class _Bounded:
     """A BatchSpanProcessor that is handed a span only when its queue has room."""
 
-    def __init__(self, name: str, exporter: SpanExporter, max_queue: int, delay_ms: Optional[int] = None) -> None:
+    def __init__(self, name: str, exporter: SpanExporter, max_queue: int, delay_ms: Optional[int],
+                 progress: threading.Condition) -> None:
         self.name = name  # what the summary line's drop breakdown calls it
-        self.counted = _Counted(exporter)
+        self.counted = _Counted(exporter, progress)
         self.max_queue = max_queue
         self.handed = 0
         self.full = 0
+        self.stalled = False  # given up on while waiting for room; waited on again once it
+        self.stalled_at = 0  # finishes a batch more than it had then
         self.processor = BatchSpanProcessor(self.counted, max_queue_size=max_queue, schedule_delay_millis=delay_ms)
 
-    def offer(self, spans: list) -> None:
+    def hand(self, spans: list) -> list:
+        """Hands the processor what fits in its queue; returns the rest."""
         room = self.max_queue - (self.handed - self.counted.done)
+        rest: list = []
         if room < len(spans):
-            self.full += len(spans) - max(room, 0)
-            spans = spans[:max(room, 0)]
+            room = max(room, 0)
+            spans, rest = spans[:room], spans[room:]
         self.handed += len(spans)
         on_end = self.processor.on_end
         for span in spans:
             on_end(span)
+        return rest
 
     @property
     def dropped(self) -> int:
@@ -206,11 +226,14 @@ class SpanSink:
     """Builds spans and exports them; ``dropped`` counts every span that did not make it."""
 
     def __init__(self, trace_dir: Optional[str], pid: int, environ: Mapping[str, str] = os.environ,
-                 delay_ms: Optional[int] = None) -> None:
+                 delay_ms: Optional[int] = None, room_wait_s: float = 0.0) -> None:
         """``delay_ms``: the batch delay when ``OTEL_BSP_SCHEDULE_DELAY`` does not set one (the
-        SDK's default otherwise)."""
+        SDK's default otherwise). ``room_wait_s``: how long :meth:`offer` may wait for queue room
+        (0: never; the server's own process, where the drain thread must not wait)."""
         self.outputs: list[_Bounded] = []
         self.exported = 0
+        self.room_wait_s = room_wait_s
+        self._progress = threading.Condition()
         queue = _queue_size(environ)
         if (environ.get("OTEL_BSP_SCHEDULE_DELAY") or "").strip():
             delay_ms = None
@@ -229,10 +252,10 @@ class SpanSink:
                 log.warning("sgl-probe: %s=%r is not usable (%s); no trace files", C.ENV_TRACE_DIR, trace_dir, exc)
         for name, exporter in exporters:
             try:
-                self.outputs.append(_Bounded(name, exporter, queue, delay_ms))
+                self.outputs.append(_Bounded(name, exporter, queue, delay_ms, self._progress))
             except ValueError as exc:  # e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE above the queue size
                 log.warning("sgl-probe: OTEL_BSP_* settings rejected (%s); using the SDK defaults", exc)
-                self.outputs.append(_Bounded(name, exporter, _DEFAULT_QUEUE, delay_ms))
+                self.outputs.append(_Bounded(name, exporter, _DEFAULT_QUEUE, delay_ms, self._progress))
 
     def steps(self, steps: Sequence[ResolvedStep], run_id: str, ident: dict, spec: dict, resource: Any,
               kept_slow: Sequence[bool] = ()) -> None:
@@ -245,8 +268,50 @@ class SpanSink:
 
     def offer(self, spans: list) -> None:
         self.exported += len(spans)
+        waiting = []
         for out in self.outputs:
-            out.offer(spans)
+            rest = out.hand(spans)
+            if rest:
+                waiting.append((out, rest))
+        if waiting and self.room_wait_s > 0:
+            waiting = self._wait_for_room(waiting)
+        for out, rest in waiting:
+            out.full += len(rest)
+
+    def _wait_for_room(self, waiting: list) -> list:
+        """Hands each output the rest of its spans as its exporter makes room, until
+        ``room_wait_s`` has passed or the output stalls; returns ``(output, spans still left)``."""
+        progress = self._progress
+        now = time.monotonic()
+        deadline = now + self.room_wait_s
+        given_up = []
+        entries = []  # [output, spans left, its finished count when last seen, since when]
+        for out, rest in waiting:
+            if out.stalled and out.counted.done == out.stalled_at:
+                given_up.append((out, rest))  # no batch finished since it stalled: no wait
+            else:
+                out.stalled = False
+                entries.append([out, rest, out.counted.done, now])
+        while entries and now < deadline:
+            with progress:  # _Counted changes ``done`` under it: no wake-up is missed
+                if all(e[0].counted.done == e[2] for e in entries):
+                    progress.wait(min(deadline - now, STALL_S))
+            now = time.monotonic()
+            still = []
+            for e in entries:
+                out, done = e[0], e[0].counted.done
+                if done != e[2]:
+                    e[2], e[3] = done, now
+                    e[1] = out.hand(e[1])
+                    if e[1]:
+                        still.append(e)
+                elif now - e[3] >= STALL_S:
+                    out.stalled, out.stalled_at = True, done
+                    given_up.append((out, e[1]))
+                else:
+                    still.append(e)
+            entries = still
+        return given_up + [(e[0], e[1]) for e in entries]
 
     @property
     def dropped(self) -> int:

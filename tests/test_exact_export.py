@@ -36,12 +36,25 @@ class StalledCollector(SpanExporter):
         self.release.set()
 
 
-def make_sink(monkeypatch, collector, queue: int = 8, trace_dir=None):
+class SlowCollector(SpanExporter):
+    """Healthy but slow: each batch takes ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.got: list = []
+
+    def export(self, batch):
+        time.sleep(self.seconds)
+        self.got.extend(batch)
+        return SpanExportResult.SUCCESS
+
+
+def make_sink(monkeypatch, collector, queue: int = 8, trace_dir=None, room_wait_s: float = 0.0):
     monkeypatch.setattr(sinks, "otlp_exporter", lambda environ=None: collector)
     env = {"OTEL_BSP_MAX_QUEUE_SIZE": str(queue), "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    return sinks.SpanSink(trace_dir, 1)
+    return sinks.SpanSink(trace_dir, 1, delay_ms=20, room_wait_s=room_wait_s)
 
 
 def batch(n: int, tag: str) -> list:
@@ -102,6 +115,76 @@ def test_each_output_counts_its_own_drops(monkeypatch, tmp_path):
         assert written == 12 and len(collector.got) == 12 - 4
         # exactly the spans it admitted: all of the first batch, the first two of the second
         assert sorted(s.name for s in collector.got) == sorted([f"a{i}" for i in range(6)] + ["b0", "b1"])
+    finally:
+        collector.release.set()
+        sink.shutdown()
+
+
+def test_a_pass_larger_than_the_queue_waits_for_room_while_the_collector_keeps_up(monkeypatch):
+    """The exporter process's sink: a pass of 60 spans into a queue of 8, a collector taking 10 ms
+    a batch of 4. Nothing is dropped: the rest of the pass is handed over as batches finish. The
+    server's own sink (no wait) drops what did not fit, as before."""
+    collector = SlowCollector(0.01)
+    sink = make_sink(monkeypatch, collector, room_wait_s=5.0)
+    try:
+        t0 = time.monotonic()
+        sink.offer(batch(60, "a"))
+        waited = time.monotonic() - t0
+        sink.flush(10)
+        assert sink.dropped == 0 and sink.settled == 60
+        assert [s.name for s in collector.got] == [f"a{i}" for i in range(60)]  # in order, each once
+        assert 0.05 < waited < 4.0, waited  # it waited for batches, not for the whole allowance
+    finally:
+        sink.shutdown()
+    server_side = make_sink(monkeypatch, SlowCollector(0.01))
+    try:
+        server_side.offer(batch(60, "b"))
+        assert server_side.dropped == 52
+    finally:
+        server_side.shutdown()
+
+
+def test_a_stalled_collector_costs_one_short_wait_then_none(monkeypatch):
+    """A collector that finishes no batch: the pass waits STALL_S for it, then the rest is dropped
+    and counted; later passes do not wait on it at all until it finishes a batch again."""
+    monkeypatch.setattr(sinks, "STALL_S", 0.3)
+    collector = StalledCollector()
+    sink = make_sink(monkeypatch, collector, room_wait_s=30.0)
+    try:
+        t0 = time.monotonic()
+        sink.offer(batch(20, "a"))  # 8 fit; the processor takes 4 into a batch that never ends
+        first = time.monotonic() - t0
+        assert sink.dropped == 12 and 0.25 < first < 5.0, (sink.dropped, first)
+        t0 = time.monotonic()
+        sink.offer(batch(5, "b"))
+        assert sink.dropped == 17 and time.monotonic() - t0 < 0.2
+        collector.release.set()
+        sink.flush(10)
+        sink.offer(batch(30, "c"))  # it finished batches since: waited on again, nothing dropped
+        sink.flush(10)
+        assert sink.dropped == 17 and len(collector.got) == 8 + 30
+    finally:
+        collector.release.set()
+        sink.shutdown()
+
+
+def test_a_stalled_collector_does_not_hold_back_the_trace_dir(monkeypatch, tmp_path):
+    """Two outputs, one stalled: the trace dir still gets every span of a pass larger than its
+    queue, and the pass costs the stall's wait, not the whole allowance."""
+    monkeypatch.setattr(sinks, "STALL_S", 0.3)
+    collector = StalledCollector()
+    sink = make_sink(monkeypatch, collector, trace_dir=str(tmp_path), room_wait_s=30.0)
+    try:
+        t0 = time.monotonic()
+        sink.offer(batch(40, "a"))
+        assert time.monotonic() - t0 < 5.0
+        # (no flush: the stalled collector would hold it) the trace file gets the whole pass
+        trace_out = next(out for out in sink.outputs if out.name == "trace_dir")
+        deadline = time.monotonic() + 10
+        while trace_out.counted.done < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        written = (tmp_path / "sgl-probe-1.jsonl").read_text().count('"spanId"')
+        assert written == 40 and sink.dropped_by == {"otlp": 32, "trace_dir": 0}
     finally:
         collector.release.set()
         sink.shutdown()

@@ -306,3 +306,22 @@ def test_the_exporter_exports_where_the_probe_was_configured_to(probe_factory, r
     probe.pipeline.flush(30.0)
     spans = receiver.wait_for(lambda s: sum(x.name == "sglang.decode" for x in s) >= 3, timeout=30)
     assert sum(x.name == "sglang.decode" for x in spans) == 3
+
+
+def test_a_pass_larger_than_the_exporters_queue_arrives_whole(probe_factory, receiver):  # noqa: F811
+    """One drain pass of 600 steps (1,200 spans) into an exporter process whose span queue holds
+    64: the exporter process waits for room as its batches finish (the server never waits), and
+    every span arrives, none dropped. Before, all but the queue's 64 of each pass were dropped."""
+    probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_DRAIN_S": "3600", "OTEL_BSP_MAX_QUEUE_SIZE": "64",
+                           "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32"})
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.0
+    pipe = probe.pipeline
+    _fingerprint_sent()
+    _decode(sched, 600)
+    pipe.drain()
+    pipe.flush(60.0)
+    assert pipe.export_dropped == 0 and not any(pipe.dropped_by().values()), pipe.dropped_by()
+    spans = receiver.wait_for(lambda s: sum(x.name == "sglang.decode" for x in s) >= 600, timeout=60)
+    assert sum(x.name == "sglang.step" for x in spans) == 600
+    assert sum(x.name == "sglang.decode" for x in spans) == 600

@@ -27,14 +27,14 @@ HINTS = {
     "otlp": ("sgl-probe: spans not delivered over OTLP (otlp= on the summary line counts them from now on): the "
              "collector refused them or was unreachable (OpenTelemetry's own lines say which), or it took them "
              "more slowly than the server made them and their queue stayed full (" + _QUEUE + " spans; a drain "
-             "pass, {drain_env}={drain_s:g} s of steps, waits up to {room_wait_s:g} s for room in it). A "
+             "pass, {drain_env}={drain_s:g} s of steps, waits up to {room_wait_s:g} s a message for room in it). A "
              "larger " + _QUEUE + " rides out longer outages; sampling (OTEL_TRACES_SAMPLER) lowers the load. "
              "Said once."),
     "trace_dir": ("sgl-probe: spans not written to the trace dir (trace_dir= on the summary line counts them from "
                   "now on): a file could not be written (a line above says why), or the file system took them "
                   "more slowly than the server made them and their queue stayed full (" + _QUEUE + " spans; a "
-                  "drain pass, {drain_env}={drain_s:g} s of steps, waits up to {room_wait_s:g} s for room in "
-                  "it). Said once."),
+                  "drain pass, {drain_env}={drain_s:g} s of steps, waits up to {room_wait_s:g} s a message for "
+                  "room in it). Said once."),
 }
 
 

@@ -34,8 +34,9 @@ log = logging.getLogger("sgl_probe")
 
 _PROTOCOLS = ("grpc", "http/protobuf")
 _DEFAULT_QUEUE = 2048  # the SDK's default for OTEL_BSP_MAX_QUEUE_SIZE
-#: In the exporter process, how long one handed-over pass may wait for queue room in all: the
-#: server's link buffers behind it meanwhile, and drops (counted) what does not fit there.
+#: In the exporter process, how long the spans of one message from the server (a drain pass
+#: comes as messages of up to a few hundred steps) may wait for queue room in all: the server's
+#: link buffers behind it meanwhile, and drops (counted) what does not fit there.
 ROOM_WAIT_S = 2.0
 #: An output that finishes no batch for this long is stalled (a collector gone, a file system
 #: hung): the rest of the pass is dropped for it, and the next passes do not wait on it until it

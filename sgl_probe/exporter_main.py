@@ -44,8 +44,9 @@ log = logging.getLogger("sgl_probe")
 
 
 class Exporter:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, server_pid: Optional[int] = None) -> None:
         self.sock = sock
+        self.server_pid = server_pid
         self.sink: Any = None
         self.meta: Optional[tuple] = None
         self.resource: Any = None
@@ -67,6 +68,9 @@ class Exporter:
         self._idle_flush = threading.Thread(target=self.sink.flush, args=(FLUSH_ON_EXIT_S,),
                                             name="sgl-probe-idle-flush", daemon=True)
         self._idle_flush.start()
+
+    def server_alive(self) -> bool:
+        return self.server_pid is None or os.getppid() == self.server_pid
 
     def stats(self) -> tuple:
         sink = self.sink
@@ -111,7 +115,10 @@ class Exporter:
         run_id, ident, spec, version, pid, trace_dir = meta
         if self.sink is None:
             # Waiting for queue room holds only this process's loop; the server's link buffers.
-            self.sink = sinks.SpanSink(trace_dir, pid, delay_ms=BATCH_DELAY_MS, room_wait_s=sinks.ROOM_WAIT_S)
+            # Once the server is gone, what is left in the link is exported without waits: this
+            # process must not outlive it by more than its final flush.
+            self.sink = sinks.SpanSink(trace_dir, pid, delay_ms=BATCH_DELAY_MS, room_wait_s=sinks.ROOM_WAIT_S,
+                                       still_wanted=self.server_alive)
         self.meta = meta
         self.resource = sinks.make_resource(ident, run_id, version, pid)
 
@@ -147,7 +154,7 @@ class Exporter:
 def serve(sock: socket.socket, server_pid: int, idle_flush_s: float = IDLE_FLUSH_S) -> None:
     from sgl_probe import wire
 
-    exporter = Exporter(sock)
+    exporter = Exporter(sock, server_pid)
     # Also the period of the check on the server: it is never longer than a second.
     sock.settimeout(min(idle_flush_s, 1.0))
     quiet_since = time.monotonic()

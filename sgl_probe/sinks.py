@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -227,13 +227,16 @@ class SpanSink:
     """Builds spans and exports them; ``dropped`` counts every span that did not make it."""
 
     def __init__(self, trace_dir: Optional[str], pid: int, environ: Mapping[str, str] = os.environ,
-                 delay_ms: Optional[int] = None, room_wait_s: float = 0.0) -> None:
+                 delay_ms: Optional[int] = None, room_wait_s: float = 0.0,
+                 still_wanted: Optional[Callable[[], bool]] = None) -> None:
         """``delay_ms``: the batch delay when ``OTEL_BSP_SCHEDULE_DELAY`` does not set one (the
         SDK's default otherwise). ``room_wait_s``: how long :meth:`offer` may wait for queue room
-        (0: never; the server's own process, where the drain thread must not wait)."""
+        (0: never; the server's own process, where the drain thread must not wait), and only while
+        ``still_wanted()`` (the exporter process: while its server runs) says so."""
         self.outputs: list[_Bounded] = []
         self.exported = 0
         self.room_wait_s = room_wait_s
+        self._still_wanted = still_wanted
         self._progress = threading.Condition()
         queue = _queue_size(environ)
         if (environ.get("OTEL_BSP_SCHEDULE_DELAY") or "").strip():
@@ -293,7 +296,8 @@ class SpanSink:
             else:
                 out.stalled = False
                 entries.append([out, rest, out.counted.done, now])
-        while entries and now < deadline:
+        wanted = self._still_wanted
+        while entries and now < deadline and (wanted is None or wanted()):
             with progress:  # _Counted changes ``done`` under it: no wake-up is missed
                 if all(e[0].counted.done == e[2] for e in entries):
                     progress.wait(min(deadline - now, STALL_S))

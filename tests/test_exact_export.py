@@ -49,12 +49,12 @@ class SlowCollector(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def make_sink(monkeypatch, collector, queue: int = 8, trace_dir=None, room_wait_s: float = 0.0):
+def make_sink(monkeypatch, collector, queue: int = 8, trace_dir=None, room_wait_s: float = 0.0, still_wanted=None):
     monkeypatch.setattr(sinks, "otlp_exporter", lambda environ=None: collector)
     env = {"OTEL_BSP_MAX_QUEUE_SIZE": str(queue), "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    return sinks.SpanSink(trace_dir, 1, delay_ms=20, room_wait_s=room_wait_s)
+    return sinks.SpanSink(trace_dir, 1, delay_ms=20, room_wait_s=room_wait_s, still_wanted=still_wanted)
 
 
 def batch(n: int, tag: str) -> list:
@@ -142,6 +142,26 @@ def test_a_pass_larger_than_the_queue_waits_for_room_while_the_collector_keeps_u
         assert server_side.dropped == 52
     finally:
         server_side.shutdown()
+
+
+def test_once_the_server_is_gone_nothing_waits_for_room(monkeypatch):
+    """The exporter process whose server has exited exports what it has without waiting: the
+    part of a pass that found no room is dropped at once (it must not outlive the server)."""
+    collector = SlowCollector(0.2)  # waiting for the whole pass would take ~2.6 s
+    server_up = [True]
+    sink = make_sink(monkeypatch, collector, room_wait_s=30.0, still_wanted=lambda: server_up[0])
+    try:
+        server_up[0] = False
+        spans_a = batch(60, "a")
+        t0 = time.monotonic()
+        sink.offer(spans_a)
+        assert time.monotonic() - t0 < 1.0 and sink.dropped == 52
+        server_up[0] = True
+        sink.offer(batch(30, "b"))  # waited for again
+        sink.flush(10)
+        assert sink.dropped == 52 and len(collector.got) == 8 + 30
+    finally:
+        sink.shutdown()
 
 
 def test_a_stalled_collector_costs_one_short_wait_then_none(monkeypatch):

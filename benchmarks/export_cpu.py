@@ -25,6 +25,10 @@ probe, and ``scheduler_wait_us_per_step`` the loop thread's time off a CPU beyon
 
 ``--breakdown`` adds where the CPU goes per step, stage by stage (thread CPU time, same steps).
 
+``--env NAME=VALUE`` (repeatable) sets a variable in every measured process: the benchmark runs
+them without the ``OTEL_*`` and ``SGL_PROBE_*`` variables of its own environment, so that a
+setting left in a shell does not change the result unnoticed.
+
 ``--compare REV`` measures this tree's probe against the probe of git revision ``REV`` (checked out
 into a temporary directory, run by that revision's own copy of this script; ``--compare python``:
 this tree with its Python hot path, ``SGL_PROBE_HOTPATH=python``), in one run: the
@@ -331,6 +335,7 @@ def _gil_hold(probe, sched, batch, steps: int) -> dict:
 def _run_worker(design: str, args, receiver, trace_dir, script: str = __file__, extra_env=None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
     env.update(extra_env or {})
+    env.update(args.env)
     if design != "no_export":  # the probe measures and logs its summary line, and sends nothing
         env.update(receiver.env("grpc"))
     env.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(ROOT),
@@ -409,7 +414,7 @@ def compare(args) -> dict:
         return [a - b for a, b in zip(cpu(v), cpu("off"))]
 
     result: dict = {
-        "base": args.compare, "steps": args.steps, "repeats": args.repeats, "step_ms": args.step_ms,
+        "base": args.compare, "steps": args.steps, "repeats": args.repeats, "step_ms": args.step_ms, "env": args.env,
         "exports": "otlp-grpc" + (" + trace dir" if args.trace_dir else ""),
         "hotpath": {v: runs[v][0].get("hotpath") for v in variants if v != "off"},
         "loop_without_probe_cpu_us_per_step": median_ci(cpu("off")),
@@ -436,6 +441,13 @@ def compare(args) -> dict:
     return result
 
 
+def _setting(raw: str) -> tuple:
+    name, sep, value = raw.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError("expected NAME=VALUE, got %r" % raw)
+    return name, value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3000)
@@ -446,9 +458,13 @@ def main() -> int:
                     help="Python work per step holding the GIL (a launch-bound scheduler thread)")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--compare", metavar="REV", help="also run the probe of git revision REV, interleaved")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", type=_setting,
+                    help="a setting for every measured process (repeatable): the benchmark drops the OTEL_* "
+                         "and SGL_PROBE_* variables around it, e.g. --env SGL_PROBE_DRAIN_S=5")
     ap.add_argument("--json")
     ap.add_argument("--worker", choices=DESIGNS, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.env = dict(args.env)
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.step_ms, args.busy_us)))
         return 0
@@ -474,6 +490,7 @@ def main() -> int:
     result = {
         "steps": args.steps * args.repeats,
         "repeats": args.repeats,
+        "env": args.env,
         "step_ms": args.step_ms,
         "exports": "otlp-grpc" + (" + trace dir" if args.trace_dir else ""),
         "in_process_cpu_us_per_step": med(new, "in_process_cpu_us_per_step"),

@@ -17,3 +17,13 @@ def test_export_cpu_counts_every_span_at_the_receiver_and_the_cpu_of_each_design
     run = res["runs"]["out_of_process"][0]
     assert run["steps"] == 60 and run["sent"] == run["spans_received"]
     assert run["threads_cpu_us_per_step"]["MainThread"] > 0
+
+
+def test_settings_reach_the_measured_processes_only_through_env(tmp_path: Path):
+    """The benchmark drops OTEL_* / SGL_PROBE_* around it; --env sets them in every measured
+    process: with room for 5 pending steps and no drain pass until the end, steps are dropped."""
+    res = run_benchmark(tmp_path, "export_cpu.py", "--steps", "60", "--repeats", "1",
+                        "--env", "SGL_PROBE_MAX_PENDING=5", "--env", "SGL_PROBE_DRAIN_S=3600").result
+    assert res["env"] == {"SGL_PROBE_MAX_PENDING": "5", "SGL_PROBE_DRAIN_S": "3600"}
+    run = res["runs"]["out_of_process"][0]
+    assert run["dropped"] > 0 and run["spans_received"] < 2 * 60

@@ -39,8 +39,8 @@ _DEFAULT_QUEUE = 2048  # the SDK's default for OTEL_BSP_MAX_QUEUE_SIZE
 #: link buffers behind it meanwhile, and drops (counted) what does not fit there.
 ROOM_WAIT_S = 2.0
 #: An output that finishes no batch for this long is stalled (a collector gone, a file system
-#: hung): the rest of the pass is dropped for it, and the next passes do not wait on it until it
-#: finishes a batch again, so one stalled output never holds the other back for long.
+#: hung): the rest of the message is dropped for it, and the next messages do not wait on it until
+#: it finishes a batch again, so one stalled output never holds the other back for long.
 STALL_S = 0.5
 
 
@@ -201,8 +201,9 @@ class _Bounded:
         self.max_queue = max_queue
         self.handed = 0
         self.full = 0
-        self.stalled = False  # given up on while waiting for room; waited on again once it
-        self.stalled_at = 0  # finishes a batch more than it had then
+        # Given up on while waiting for room: its finished count then. Waited on again once it
+        # finishes a batch more.
+        self.stalled_at: Optional[int] = None
         self.processor = BatchSpanProcessor(self.counted, max_queue_size=max_queue, schedule_delay_millis=delay_ms)
 
     def hand(self, spans: list) -> list:
@@ -291,10 +292,10 @@ class SpanSink:
         given_up = []
         entries = []  # [output, spans left, its finished count when last seen, since when]
         for out, rest in waiting:
-            if out.stalled and out.counted.done == out.stalled_at:
+            if out.stalled_at == out.counted.done:
                 given_up.append((out, rest))  # no batch finished since it stalled: no wait
             else:
-                out.stalled = False
+                out.stalled_at = None
                 entries.append([out, rest, out.counted.done, now])
         wanted = self._still_wanted
         while entries and now < deadline and (wanted is None or wanted()):
@@ -311,7 +312,7 @@ class SpanSink:
                     if e[1]:
                         still.append(e)
                 elif now - e[3] >= STALL_S:
-                    out.stalled, out.stalled_at = True, done
+                    out.stalled_at = done
                     given_up.append((out, e[1]))
                 else:
                     still.append(e)

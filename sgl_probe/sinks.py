@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from opentelemetry.sdk.resources import Resource
@@ -40,8 +41,12 @@ _DEFAULT_QUEUE = 2048  # the SDK's default for OTEL_BSP_MAX_QUEUE_SIZE
 ROOM_WAIT_S = 2.0
 #: An output that finishes no batch for this long is stalled (a collector gone, a file system
 #: hung): the rest of the message is dropped for it, and the next messages do not wait on it until
-#: it finishes a batch again, so one stalled output never holds the other back for long.
+#: it finishes a batch again, so one stalled output never holds the other back for long. An output
+#: whose healthy batches take longer (a distant collector, large batches) gets twice its slowest
+#: recent batch instead (:meth:`_Counted.stall_s`): slow is not stalled.
 STALL_S = 0.5
+#: How many of an output's latest successful batches its stall time is taken from.
+_RECENT_BATCHES = 16
 
 
 class JsonLinesExporter(SpanExporter):
@@ -170,8 +175,10 @@ class _Counted(SpanExporter):
         self.progress = progress
         self.done = 0
         self.failed = 0
+        self.recent_s: deque[float] = deque(maxlen=_RECENT_BATCHES)  # successful batches only
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        t0 = time.monotonic()
         try:
             result = self.inner.export(spans)
         except Exception as exc:
@@ -179,10 +186,17 @@ class _Counted(SpanExporter):
             result = SpanExportResult.FAILURE
         if result != SpanExportResult.SUCCESS:
             self.failed += len(spans)
+        else:  # a failure's time (often the exporter's own timeout) says nothing of a healthy batch
+            self.recent_s.append(time.monotonic() - t0)
         with self.progress:
             self.done += len(spans)
             self.progress.notify_all()
         return result
+
+    def stall_s(self) -> float:
+        """How long this output may finish nothing before it counts as stalled."""
+        recent = self.recent_s
+        return max(STALL_S, 2 * max(recent)) if recent else STALL_S
 
     def shutdown(self) -> None:
         self.inner.shutdown()
@@ -290,28 +304,29 @@ class SpanSink:
         now = time.monotonic()
         deadline = now + self.room_wait_s
         given_up = []
-        entries = []  # [output, spans left, its finished count when last seen, since when]
+        # [output, spans left, its finished count when last seen, since when, its stall time]
+        entries = []
         for out, rest in waiting:
             if out.stalled_at == out.counted.done:
                 given_up.append((out, rest))  # no batch finished since it stalled: no wait
             else:
                 out.stalled_at = None
-                entries.append([out, rest, out.counted.done, now])
+                entries.append([out, rest, out.counted.done, now, out.counted.stall_s()])
         wanted = self._still_wanted
         while entries and now < deadline and (wanted is None or wanted()):
             with progress:  # _Counted changes ``done`` under it: no wake-up is missed
                 if all(e[0].counted.done == e[2] for e in entries):
-                    progress.wait(min(deadline - now, STALL_S))
+                    progress.wait(min(deadline - now, min(e[4] for e in entries)))
             now = time.monotonic()
             still = []
             for e in entries:
                 out, done = e[0], e[0].counted.done
                 if done != e[2]:
-                    e[2], e[3] = done, now
+                    e[2], e[3], e[4] = done, now, out.counted.stall_s()
                     e[1] = out.hand(e[1])
                     if e[1]:
                         still.append(e)
-                elif now - e[3] >= STALL_S:
+                elif now - e[3] >= e[4]:
                     out.stalled_at = done
                     given_up.append((out, e[1]))
                 else:

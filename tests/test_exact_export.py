@@ -188,6 +188,51 @@ def test_a_stalled_collector_costs_one_short_wait_then_none(monkeypatch):
         sink.shutdown()
 
 
+def test_a_collector_slower_than_the_stall_time_is_not_taken_for_stalled(monkeypatch):
+    """Healthy batches that take longer than STALL_S (a distant collector): once the output has
+    finished batches, it may take twice its slowest recent one before it counts as stalled, so a
+    pass larger than the queue still arrives whole. With no batch seen yet, STALL_S applies."""
+    monkeypatch.setattr(sinks, "STALL_S", 0.1)
+    collector = SlowCollector(0.25)
+    sink = make_sink(monkeypatch, collector, room_wait_s=10.0)
+    out = sink.outputs[0]
+    try:
+        assert out.counted.stall_s() == 0.1
+        sink.offer(batch(4, "w"))
+        sink.flush(10)
+        assert 0.5 <= out.counted.stall_s() < 1.0
+        sink.offer(batch(24, "a"))  # 8 fit; 16 more wait through four 0.25 s batches
+        sink.flush(10)
+        assert sink.dropped == 0 and len(collector.got) == 28
+    finally:
+        sink.shutdown()
+    # the same collector, first seen by the pass itself: its first batch outlasts STALL_S
+    cold = make_sink(monkeypatch, SlowCollector(0.25), room_wait_s=10.0)
+    try:
+        cold.offer(batch(24, "b"))
+        assert cold.dropped > 0
+    finally:
+        cold.shutdown()
+
+
+def test_a_failed_batch_does_not_lengthen_the_stall_time(monkeypatch):
+    """A batch that failed (an exporter's own timeout, typically) tells nothing of a healthy one."""
+    monkeypatch.setattr(sinks, "STALL_S", 0.1)
+
+    class SlowFailing(SlowCollector):
+        def export(self, batch):
+            super().export(batch)
+            return SpanExportResult.FAILURE
+
+    sink = make_sink(monkeypatch, SlowFailing(0.3), room_wait_s=10.0)
+    try:
+        sink.offer(batch(4, "f"))
+        sink.flush(10)
+        assert sink.dropped == 4 and sink.outputs[0].counted.stall_s() == 0.1
+    finally:
+        sink.shutdown()
+
+
 def test_a_stalled_collector_does_not_hold_back_the_trace_dir(monkeypatch, tmp_path):
     """Two outputs, one stalled: the trace dir still gets every span of a pass larger than its
     queue, and the pass costs the stall's wait, not the whole allowance."""

@@ -64,7 +64,10 @@ def packed_due(packed: Any, reads_ahead: bool = False) -> bool:
 
 
 class InProcessSink:
-    """Spans built and exported in this process (the fallback when no exporter process runs)."""
+    """Spans built and exported in the server's own process, the design before the exporter
+    process: only ``Pipeline(in_process=True)`` runs it, for ``benchmarks/export_cpu.py`` to
+    measure it beside the exporter process. A server whose exporter process cannot start gives
+    export up (counted), it does not fall back to this."""
 
     def __init__(self, cfg, run_id: str, ident: dict, spec: dict, sglang_version: Optional[str]) -> None:
         self.run_id, self.ident, self.spec, self.version = run_id, ident, spec, sglang_version

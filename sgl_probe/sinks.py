@@ -2,7 +2,8 @@
 
 A :class:`SpanSink` builds the spans of a resolved step (:mod:`sgl_probe.spans`) and hands them to
 one SDK ``BatchSpanProcessor`` per exporter. It runs in the exporter process
-(:mod:`sgl_probe.exporter_main`), or in the server's process when that one cannot be started.
+(:mod:`sgl_probe.exporter_main`); in the server's own process only where a benchmark measures the
+design before that process (``export.InProcessSink``).
 
 Exporters follow the standard OpenTelemetry variables (``OTEL_EXPORTER_OTLP_*``,
 ``OTEL_SERVICE_NAME``, ``OTEL_BSP_*``). Drops are counted through public interfaces only: each

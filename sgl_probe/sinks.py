@@ -176,7 +176,9 @@ class _Counted(SpanExporter):
         self.progress = progress
         self.done = 0
         self.failed = 0
-        self.recent_s: deque[float] = deque(maxlen=_RECENT_BATCHES)  # successful batches only
+        self._recent_s: deque[float] = deque(maxlen=_RECENT_BATCHES)  # successful batches only
+        # Written by the processor's thread only, read by the sink's: one attribute, not the deque.
+        self.slowest_s = 0.0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         t0 = time.monotonic()
@@ -188,7 +190,8 @@ class _Counted(SpanExporter):
         if result != SpanExportResult.SUCCESS:
             self.failed += len(spans)
         else:  # a failure's time (often the exporter's own timeout) says nothing of a healthy batch
-            self.recent_s.append(time.monotonic() - t0)
+            self._recent_s.append(time.monotonic() - t0)
+            self.slowest_s = max(self._recent_s)
         with self.progress:
             self.done += len(spans)
             self.progress.notify_all()
@@ -196,8 +199,7 @@ class _Counted(SpanExporter):
 
     def stall_s(self) -> float:
         """How long this output may finish nothing before it counts as stalled."""
-        recent = self.recent_s
-        return max(STALL_S, 2 * max(recent)) if recent else STALL_S
+        return max(STALL_S, 2 * self.slowest_s)
 
     def shutdown(self) -> None:
         self.inner.shutdown()

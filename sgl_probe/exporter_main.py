@@ -178,7 +178,7 @@ def serve(sock: socket.socket, server_pid: int, idle_flush_s: float = IDLE_FLUSH
                         break
                 except Exception as exc:
                     log.warning("sgl-probe exporter: dropping a message: %r", exc)
-            elif os.getppid() != server_pid:
+            elif not exporter.server_alive():
                 break
             elif time.monotonic() - quiet_since >= idle_flush_s:
                 exporter.idle()

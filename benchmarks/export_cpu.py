@@ -335,14 +335,19 @@ def _gil_hold(probe, sched, batch, steps: int) -> dict:
 def _run_worker(design: str, args, receiver, trace_dir, script: str = __file__, extra_env=None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGL_PROBE"))}
     env.update(extra_env or {})
-    env.update(args.env)
-    if design != "no_export":  # the probe measures and logs its summary line, and sends nothing
-        env.update(receiver.env("grpc"))
-    env.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu", "PYTHONPATH": str(ROOT),
-                "SGL_PROBE_RUN_ID": "export-cpu-%s-%d" % (design, time.time_ns())})
+    # What the measurement itself depends on: an --env naming one of these is refused, not overwritten.
+    own = dict(receiver.env("grpc")) if design != "no_export" else {}  # no_export: summary line only
+    own.update({"SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cpu",
+                "SGL_PROBE_RUN_ID": "export-cpu-%s-%d" % (design, time.time_ns()),
+                "PYTHONPATH": str(Path(script).resolve().parents[1])})
     if trace_dir and design != "no_export":
-        env["SGL_PROBE_TRACE_DIR"] = trace_dir
-    env["PYTHONPATH"] = str(Path(script).resolve().parents[1])
+        own["SGL_PROBE_TRACE_DIR"] = trace_dir
+    clash = sorted(set(args.env) & set(own))
+    if clash:
+        raise SystemExit("export_cpu.py: --env %s: the benchmark sets %s itself" % (", ".join(clash),
+                                                                                  "it" if len(clash) == 1 else "them"))
+    env.update(args.env)
+    env.update(own)
     cmd = [sys.executable, script, "--worker", design, "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
     if args.busy_us:  # only this tree knows it: --compare with --busy-us needs a base that does too
         cmd += ["--busy-us", str(args.busy_us)]

@@ -25,7 +25,8 @@ hook switched off); a BaseException that is not an Exception propagates, as in P
 static PyObject *s__capturing, *s__stream_key, *s__raw_stream, *s__streams, *s__pool, *s__record, *s__anchors;
 static PyObject *s_is_verify;
 static PyObject *s_cuda_stream, *s_cuda_event, *s__bad_anchor, *s__chain, *s__returned, *s__offset,
-    *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu;
+    *s__ANCHOR_TOLERANCE_NS, *s_popleft, *s_appendleft, *s_t_start, *s_t_end, *s_cuda, *s_cpu, *s_host,
+    *s__with_start_event;
 static PyObject *s_torch, *s_Tensor, *s__C, *s_TensorBase;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
@@ -1276,7 +1277,10 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
         if (fx[0] != Py_None) {
             PyObject *now = now_ns(h);
             if (now != NULL) {
-                PyObject *token = timer_call(h, s_start, &now, 1);
+                /* (whether it is the step's first phase: the CUDA timer decides per step) */
+                PyObject *start_args[2] = {now, PyList_Check(st->phases) && PyList_GET_SIZE(st->phases) > 0
+                                                    ? Py_False : Py_True};
+                PyObject *token = timer_call(h, s_start, start_args, 2);
                 SECTION_ADD(phase_start, sec_part);
                 if (token != NULL) {
                     ph = (PhaseRecordObject *)phase_record_from(fx, h->name, now, token, 0);
@@ -1624,6 +1628,10 @@ typedef struct {
     void *last_read_handle;
     /* This timer's entry in the watched timer dicts (timer_call); -1 none yet, -2 none was free. */
     int watch_slot;
+    /* The steps' sampling (CudaTimer's class doc): a step is timed on the GPU from gpu_due on,
+       which then moves gpu_every ahead (0: every step); step_host, the current step is not. */
+    long long gpu_every, gpu_due;
+    int step_host;
 } CudaFastObject;
 
 /* The kept objects in field order (last_end ... raw_stream), and the attribute each comes from
@@ -1914,6 +1922,10 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     long long every, retry;
     if (attr_ll(timer, s__ANCHOR_EVERY_NS, &every) < 0 || attr_ll(timer, s__ANCHOR_RETRY_NS, &retry) < 0)
         return NULL;
+    long long gpu_every = 0;
+    PyObject *every_v = PyDict_GetItemString(state, "_every_ns"); /* borrowed; absent: every step */
+    if (every_v != NULL && as_ll(every_v, &gpu_every) < 0)
+        return NULL;
     long long due, chain_t;
     int busy;
     PyObject *kept[KEPT_N];
@@ -1949,6 +1961,9 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->stream_query = (stream_query_fn)query;
     f->anchor_every = every;
     f->anchor_retry = retry;
+    f->gpu_every = gpu_every;
+    f->gpu_due = 0;
+    f->step_host = 0;
     f->on_fail = Py_XNewRef(on_fail);
     PyObject_GC_Track(f);
     return (PyObject *)f;
@@ -1981,14 +1996,30 @@ static int refresh_anchor_runtime(CudaFastObject *f, long long now_v, PyObject *
 static PyObject *
 fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "start(now_ns)");
+    if (nargs != 1 && nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "start(now_ns[, first])");
         return NULL;
     }
     PyObject *now = args[0];
     long long now_v;
     if (as_ll(now, &now_v) < 0)
         return NULL;
+    int lead = 0; /* a timed step after an untimed one: a start event of its own (CudaTimer.start) */
+    if (f->gpu_every > 0) {
+        int first = nargs < 2 ? 1 : PyObject_IsTrue(args[1]);
+        if (first < 0)
+            return NULL;
+        if (first) {
+            int host = now_v < f->gpu_due;
+            if (!host) {
+                f->gpu_due = now_v + f->gpu_every;
+                lead = f->step_host;
+            }
+            f->step_host = host;
+        }
+        if (f->step_host)
+            return Py_NewRef(now);
+    }
     if (now_v >= f->anchor_due) {
         /* Every 100 ms, or every _ANCHOR_RETRY_NS while the stream is busy: it sets anchor_due and
            anchor_busy (Python's through the timer's kept attributes). */
@@ -2013,6 +2044,8 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     PyObject *token = busy ? PyTuple_Pack(3, now, last, Py_None) : PyTuple_Pack(2, now, last);
     if (token != NULL)
         PyObject_GC_UnTrack(token);
+    if (lead && token != NULL) /* once per gpu_every at most: through Python */
+        Py_SETREF(token, PyObject_CallMethodOneArg(f->timer, s__with_start_event, token));
     return token;
 }
 
@@ -2334,6 +2367,8 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *now = args[1];
+    if (PyLong_CheckExact(args[0])) /* an untimed step (CudaTimer's class doc): its host clock */
+        return Py_NewRef(now);
     PyObject *key = NULL, *stream = NULL, *ev = NULL, *end = NULL;
     void *stream_handle = NULL;
     if (f->event_record == NULL) {
@@ -2686,6 +2721,7 @@ typedef struct {
     Py_ssize_t n;
     long long w0, w1;
     PyObject *error;       /* None or error_text(st.error) */
+    int host;              /* a CUDA timer's untimed step: host times (timer kind "host") */
 } StepVals;
 
 static void
@@ -2708,6 +2744,7 @@ resolve_vals(CudaFastObject *f, TakeCtx *c, StepRecordObject *st, StepVals *v)
     v->ph = v->small;
     v->n = 0;
     v->error = NULL;
+    v->host = 0;
     Py_ssize_t n = PyList_GET_SIZE(st->phases), timed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ph = PyList_GET_ITEM(st->phases, i);
@@ -2730,7 +2767,8 @@ resolve_vals(CudaFastObject *f, TakeCtx *c, StepRecordObject *st, StepVals *v)
             continue;
         long long t0, t1;
         PyObject *kind;
-        if (c->host) {
+        if (c->host || PyLong_CheckExact(ph->t_end)) { /* (the CUDA timer's untimed step: host times) */
+            v->host = !c->host;
             if (as_ll(ph->t_start, &t0) < 0 || as_ll(ph->t_end, &t1) < 0)
                 return -1;
             t0 += c->offset;
@@ -2826,7 +2864,7 @@ row_of_vals(TakeCtx *c, StepRecordObject *st, StepVals *v)
     PyObject *step_ms = ms_of(st->host0, st->host1);
     if (o_w0 && o_w1 && step_ms)
         row = PyTuple_Pack(10, st->index, o_w0, o_w1, st->mode, st->batch_size, st->num_tokens, step_ms,
-                           c->host ? s_cpu : s_cuda, phases, v->error);
+                           c->host ? s_cpu : v->host ? s_host : s_cuda, phases, v->error);
     Py_XDECREF(o_w0);
     Py_XDECREF(o_w1);
     Py_XDECREF(step_ms);
@@ -2997,6 +3035,8 @@ read_ahead(TakeCtx *c, PyObject *steps, Py_ssize_t n)
             if (Py_TYPE(ph) != &PhaseRecordType || ph->t_end == Py_None)
                 continue;
             PyObject *end = ph->t_end, *start = ph->t_start;
+            if (PyLong_CheckExact(end)) /* an untimed step: nothing to read */
+                continue;
             if (!PyTuple_Check(end) || PyTuple_GET_SIZE(end) != 4 || !PyTuple_Check(start) ||
                 PyTuple_GET_SIZE(start) < 2 || !PyTuple_Check(PyTuple_GET_ITEM(end, 3)) ||
                 PyTuple_GET_SIZE(PyTuple_GET_ITEM(end, 3)) != 2) {
@@ -3237,7 +3277,8 @@ take_loop(CudaFastObject *f, TakeCtx *c, PyObject *steps, Py_ssize_t n, PyObject
             if (!packed)
                 row = row_of_vals(c, (StepRecordObject *)st, &v);
             SECTION_ADD(drain_resolve, sec);
-            if (sx != NULL && (packed || row != NULL) && summed >= 0) { /* in step order, row or not */
+            /* in step order, row or not; an untimed step's host times stay out of the summary */
+            if (sx != NULL && !v.host && (packed || row != NULL) && summed >= 0) {
                 if (summary_vals(sx, &v) < 0) {
                     summed = -1;
                     Py_CLEAR(row);
@@ -3638,8 +3679,8 @@ generic:;
 static PyObject *
 cpu_start(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "start(now_ns)");
+    if (nargs != 1 && nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "start(now_ns[, first])");
         return NULL;
     }
     return Py_NewRef(args[0]);
@@ -3706,7 +3747,8 @@ timers_done(PyObject *steps, Py_ssize_t n, PyObject *prefix)
                 Py_DECREF(seq);
                 goto done;
             }
-            if (end != Py_None) {
+            /* (an untimed step's host clock ends: ready once the timed steps before them are) */
+            if (end != Py_None && !PyLong_CheckExact(end)) {
                 if (count == cap) {
                     Py_ssize_t *more = PyMem_Realloc(owner, 2 * cap * sizeof(Py_ssize_t));
                     if (more == NULL) {
@@ -4300,6 +4342,8 @@ static int
 metrics_phase(MetricsCtx *m, PyObject *k0, PyObject *k1, PyObject *k2, PyObject *secs, PyObject *accept)
 {
     HistRef *r = &m->ph_ref;
+    if (secs == NULL) /* (no time to add: only the accept length) */
+        goto add_accept;
     if (r->hist == NULL || k0 != r->k0 || k1 != r->k1 || k2 != r->k2) {
         PyObject *key = PyTuple_Pack(3, k0, k1, k2);
         if (key == NULL)
@@ -4318,6 +4362,7 @@ metrics_phase(MetricsCtx *m, PyObject *k0, PyObject *k1, PyObject *k2, PyObject 
     }
     if (hist_add_obj(r, secs) < 0)
         return -1;
+add_accept:
     if (accept == Py_None)
         return 0;
     if (m->acc_ref.hist == NULL) {
@@ -4411,6 +4456,10 @@ metrics_vals(MetricsCtx *m, StepRecordObject *st, StepVals *v)
     for (Py_ssize_t k = 0; rc == 0 && k < v->n; k++) {
         PhaseVals *pv = &v->ph[k];
         PhaseRecordObject *ph = pv->ph;
+        if (v->host) { /* an untimed step: counted, its accept length kept, no host time in the histograms */
+            rc = metrics_phase(m, ph->phase, ph->mode, pv->graph ? Py_True : Py_False, NULL, ph->accept_length);
+            continue;
+        }
         PyObject *secs = vals_span(pv, 1e9);
         rc = secs == NULL ? -1 : metrics_phase(m, ph->phase, ph->mode, pv->graph ? Py_True : Py_False, secs,
                                                ph->accept_length);
@@ -4768,7 +4817,7 @@ pack_vals(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v)
     PK(pk_value(p, st->batch_size, 2));
     PK(pk_value(p, st->num_tokens, 2));
     PK(pk_double(p, step_ms));
-    PK(pk_value(p, c->host ? s_cpu : s_cuda, 2));
+    PK(pk_value(p, c->host ? s_cpu : v->host ? s_host : s_cuda, 2));
     PK(pk_head(p, 't', (uint32_t)v->n));
     for (Py_ssize_t k = 0; k < v->n && r > 0; k++) {
         PhaseVals *pv = &v->ph[k];
@@ -5113,6 +5162,8 @@ PyInit__hot(void)
     INTERN(s_t_end, "t_end");
     INTERN(s_cuda, "cuda");
     INTERN(s_cpu, "cpu");
+    INTERN(s_host, "host");
+    INTERN(s__with_start_event, "_with_start_event");
     INTERN(s_seq_lens, "seq_lens");
     INTERN(s_shape, "shape");
     INTERN(s_torch, "torch");

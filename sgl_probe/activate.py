@@ -68,7 +68,8 @@ class Probe:
         self.run_id = ensure_run_id()
         envsnap.record_launcher_env(cfg.env_allow)
         self.version = sglang_version()
-        self.recorder = Recorder(cfg.timer, cfg.max_pending, log, cfg.hotpath, cfg.drain_interval_s)
+        self.recorder = Recorder(cfg.timer, cfg.max_pending, log, cfg.hotpath, cfg.drain_interval_s,
+                                 cfg.gpu_every_ms)
         self.instrumentor = Instrumentor(self, TARGETS if targets is None else targets, self.version)
         self.ident: dict[str, Any] = {}
         self.pipeline = None

@@ -23,6 +23,9 @@ T = TypeVar("T")
 class Config:
     enabled: bool = True
     timer: str = "auto"  # auto | cuda | cpu
+    # The CUDA timer times a step's phases on the GPU when this long has passed since the last
+    # step it timed began (0: every step); the steps between keep host times (timer "host").
+    gpu_every_ms: float = 10.0
     hotpath: str = "auto"  # auto | c | python (sgl_probe.hotpath)
     trace_dir: str | None = None
     summary_s: float = 30.0
@@ -109,6 +112,8 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     cfg = Config(
         enabled=get("SGL_PROBE", _parse_bool, True, "1/true/yes/on or 0/false/no/off"),
         timer=get("SGL_PROBE_TIMER", _parse_choice(("auto", "cuda", "cpu")), "auto", "auto, cuda, cpu"),
+        gpu_every_ms=get("SGL_PROBE_GPU_EVERY_MS", _parse_nonneg_float, defaults.gpu_every_ms,
+                         "a number of milliseconds >= 0 (0 times every step on the GPU)"),
         hotpath=get("SGL_PROBE_HOTPATH", _parse_choice(hotpath.CHOICES), "auto", ", ".join(hotpath.CHOICES)),
         trace_dir=get("SGL_PROBE_TRACE_DIR", str, None, "a directory path"),
         summary_s=get("SGL_PROBE_SUMMARY_S", _parse_nonneg_float, defaults.summary_s,

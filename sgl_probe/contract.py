@@ -31,7 +31,12 @@ def phase_span(phase: str) -> str:
 
 # --- phase / step attributes ----------------------------------------------------------------
 DURATION_MS = "sgl_probe.duration_ms"
+#: What the phases' intervals were timed with: ``cuda`` (CUDA events: GPU time), ``cpu`` (the host
+#: clock in a process with no CUDA work, where the call is the compute) or ``host`` (the host clock
+#: on a step the CUDA timer left untimed, ``SGL_PROBE_GPU_EVERY_MS``: the intervals are the host
+#: calls, launches included, not GPU time, and stay out of every GPU-time statistic).
 TIMER = "sgl_probe.timer"
+TIMER_VALUES = TIMER_CUDA, TIMER_CPU, TIMER_HOST = ("cuda", "cpu", "host")
 HOST_MS = "sgl_probe.host_ms"
 TARGET = "sgl_probe.target"
 #: How the phase's start was taken: ``gpu_event`` (the previous phase's end event on the same stream,
@@ -135,6 +140,7 @@ ENV_TRACE_DIR = "SGL_PROBE_TRACE_DIR"
 ENV_SUMMARY_S = "SGL_PROBE_SUMMARY_S"
 ENV_ALLOW = "SGL_PROBE_ENV_ALLOW"
 ENV_TIMER = "SGL_PROBE_TIMER"
+ENV_GPU_EVERY_MS = "SGL_PROBE_GPU_EVERY_MS"
 ENV_RUN_ID = "SGL_PROBE_RUN_ID"
 ENV_MAX_PENDING = "SGL_PROBE_MAX_PENDING"
 ENV_DRAIN_S = "SGL_PROBE_DRAIN_S"
@@ -149,7 +155,7 @@ SECRET_NAME_PATTERN = r"TOKEN|KEY|SECRET|PASSW|PASSWD|PWD|CREDENTIAL|AUTH|COOKIE
 # --- metrics (Prometheus through SGLang's /metrics, and OTLP) --------------------------------
 #: Family names, shared by both exporters; Prometheus exposes counters with ``_total`` and
 #: histograms as ``_bucket`` / ``_count`` / ``_sum``.
-METRIC_PHASE_SECONDS = "sgl_probe_phase_seconds"            # histogram, every phase of every step
+METRIC_PHASE_SECONDS = "sgl_probe_phase_seconds"            # histogram, every phase of every timed step
 METRIC_STEPS = "sgl_probe_steps"                            # counter (sgl_probe_steps_total)
 METRIC_ACCEPT_LENGTH = "sgl_probe_spec_accept_length"       # histogram, verify phases
 METRIC_DROPPED = "sgl_probe_dropped"                        # counter (sgl_probe_dropped_total)

@@ -14,6 +14,7 @@ import collections
 import logging
 from typing import Any, Optional
 
+from sgl_probe.contract import TIMER_HOST
 from sgl_probe.recorder import PhaseRecord, StepRecord
 from sgl_probe.resolved import ResolvedStep, from_row
 
@@ -48,15 +49,18 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
     (:func:`step_ready`). The timer's events are not released here (the caller does, whatever
     happens)."""
     host = getattr(timer, "host_clock", False)
-    offset = timer.offset if host else 0
+    offset = timer.offset if host else timer.wall(0)
     interval = timer.interval_kind
+    kind_of_step = timer.kind
     lo = hi = None
     phases = []
     for ph in st.phases:
         t_end = ph.t_end
         if t_end is None:
             continue
-        if host:
+        if host or t_end.__class__ is int:  # (a CUDA timer's untimed step: its host times)
+            if not host:
+                kind_of_step = TIMER_HOST
             t0 = ph.t_start + offset
             t1 = t_end + offset
             kind = None
@@ -73,7 +77,7 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
         if launch:
             # The GPU may still have been busy with earlier work when the graph was launched:
             # then the graph's time starts where the phase's does.
-            launch += offset if host else timer.wall(0)
+            launch += offset
             graph_ms = (t1 - (launch if launch > t0 else t0)) / 1e6
             if graph_ms < 0:
                 graph_ms = 0.0
@@ -89,7 +93,7 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
         w0, w1 = timer.wall(st.host0), timer.wall(st.host1)
     error = st.error
     return (st.index, w0 if lo is None or w0 < lo else lo, w1 if hi is None or w1 > hi else hi,
-            st.mode, st.batch_size, st.num_tokens, (st.host1 - st.host0) / 1e6, timer.kind, tuple(phases),
+            st.mode, st.batch_size, st.num_tokens, (st.host1 - st.host0) / 1e6, kind_of_step, tuple(phases),
             None if error is None else error_text(error))
 
 
@@ -119,7 +123,8 @@ def _timers_done(steps: collections.deque, n: int, timer: Any) -> int:
     owner: list = []
     for i, st in zip(range(n), steps):
         for ph in st.phases:
-            if ph.t_end is not None:
+            # (an untimed step's host clock ends are ready once the timed steps before them are)
+            if ph.t_end is not None and ph.t_end.__class__ is not int:
                 ends.append(ph.t_end)
                 owner.append(i)
     k = prefix(ends)

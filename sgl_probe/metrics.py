@@ -30,7 +30,7 @@ import time
 from bisect import bisect_left
 from typing import Any, Mapping, NamedTuple, Optional, Protocol, Sequence
 
-from sgl_probe.contract import ACCEPT_LENGTH_BUCKETS, DROP_CAUSE_LABEL, PHASE_SECONDS_BUCKETS, RANK_LABELS
+from sgl_probe.contract import ACCEPT_LENGTH_BUCKETS, DROP_CAUSE_LABEL, PHASE_SECONDS_BUCKETS, RANK_LABELS, TIMER_HOST
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 
 log = logging.getLogger("sgl_probe")
@@ -39,7 +39,7 @@ _INF = float("inf")
 #: Where a Hist's counts start in its ``data`` (after sum, min, max).
 _COUNTS = 3
 #: Where a resolved step's and phase's fields sit in their rows.
-_MODE, _PHASES = ResolvedStep._fields.index("mode"), ResolvedStep._fields.index("phases")
+_MODE, _PHASES, _TIMER = (ResolvedStep._fields.index(f) for f in ("mode", "phases", "timer"))
 _PH_AT = _PH_PHASE, _PH_START, _PH_END, _PH_GRAPH, _PH_MODE, _PH_ACCEPT = tuple(
     ResolvedPhase._fields.index(f) for f in ("phase", "start_ns", "end_ns", "graph", "mode", "accept_length"))
 
@@ -158,6 +158,11 @@ class PhaseMetrics:
         if self.failed:
             return
         try:
+            if any(row[_TIMER] == TIMER_HOST for row in rows):
+                # A step the CUDA timer left untimed counts, with its accept lengths; its phases'
+                # host times stay out of the phase histograms, which hold GPU times.
+                self._count_untimed([row for row in rows if row[_TIMER] == TIMER_HOST])
+                rows = [row for row in rows if row[_TIMER] != TIMER_HOST]
             if self._fast_add is not None:  # the same loop in C, for every step the server runs
                 self._fast_add(rows, _MODE, _PHASES, _PH_AT, self._steps, self._phase, self._new_steps,
                                self._new_hist, self._accept_hist)
@@ -184,6 +189,19 @@ class PhaseMetrics:
             self.maybe_flush()
         except Exception as exc:
             self._fail("observe_rows", exc)
+
+    def _count_untimed(self, rows: list) -> None:
+        for row in rows:
+            mode = row[_MODE]
+            steps = self._steps.get(mode)
+            if steps is None:
+                steps = self._new_steps(mode)
+            steps[1] += 1
+            for ph in row[_PHASES]:
+                accept = ph[_PH_ACCEPT]
+                if accept is not None:
+                    self._accept_hist().add(accept)
+            self._dirty = True
 
     def c_state(self) -> Optional[tuple]:
         """What the C drain's packed pass feeds these metrics through (``drain.take_ready``):

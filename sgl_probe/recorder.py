@@ -91,8 +91,10 @@ class Recorder:
     # look-ups (sgl_probe._hot's attr_at). Everything else stays in the instance dict.
     __slots__ = ("timer", "step_count", "max_pending", "__dict__", "__weakref__")
 
-    def __init__(self, timer_choice: str, max_pending: int, log, hot: str = "auto", hold_s: float = 1.0) -> None:
+    def __init__(self, timer_choice: str, max_pending: int, log, hot: str = "auto", hold_s: float = 1.0,
+                 gpu_every_ms: float = 0.0) -> None:
         self._timer_choice = timer_choice
+        self._gpu_every_ns = int(gpu_every_ms * 1e6)  # the CUDA timer's step sampling (CudaTimer)
         self._hold_s = hold_s  # seconds between two drain passes: the CUDA timer sizes its stock by it
         self._log = log
         # The C versions of step_method / phase_method and of the CUDA timer's start / stop, or None
@@ -126,7 +128,8 @@ class Recorder:
         if self.timer is None:
             from sgl_probe.timing import make_timer
 
-            self.timer = make_timer(self._timer_choice, self._log, self.c, self._hold_s, self.max_pending)
+            self.timer = make_timer(self._timer_choice, self._log, self.c, self._hold_s, self.max_pending,
+                                    self._gpu_every_ns)
         return self.timer
 
     def drop(self, st: StepRecord) -> None:
@@ -209,7 +212,8 @@ class Recorder:
                 facts = read(target, args, kwargs, spec)
                 if facts[0] is not None:
                     now = perf_counter_ns()
-                    ph = PhaseRecord(facts, name, now, rec.timer.start(now))
+                    # (whether it is the step's first phase: the CUDA timer decides per step)
+                    ph = PhaseRecord(facts, name, now, rec.timer.start(now, not st.phases))
             except Exception as exc:
                 hook.fail(exc)
             if ph is None:

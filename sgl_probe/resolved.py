@@ -40,13 +40,14 @@ class ResolvedStep(NamedTuple):
     batch_size: Optional[int]
     num_tokens: Optional[int]
     host_ms: float
-    timer: str                      # "cuda" | "cpu"
+    timer: str                      # contract.TIMER_VALUES: "cuda" | "cpu" | "host" (an untimed step)
     phases: tuple                   # tuple[ResolvedPhase, ...]
     error: Optional[str] = None
 
 
 #: Where a step row keeps its phases (``ResolvedStep.phases``).
 PHASES = ResolvedStep._fields.index("phases")
+TIMER = ResolvedStep._fields.index("timer")
 
 
 def to_row(step: ResolvedStep) -> tuple:

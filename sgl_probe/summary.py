@@ -22,8 +22,9 @@ from itertools import chain, compress
 from operator import itemgetter, not_, truth
 from typing import Any, Iterable, Optional
 
-from sgl_probe.contract import PHASES, RANKS
+from sgl_probe.contract import PHASES, RANKS, TIMER_HOST
 from sgl_probe.resolved import PHASES as PHASES_AT
+from sgl_probe.resolved import TIMER as TIMER_AT
 from sgl_probe.resolved import ResolvedPhase
 from sgl_probe.stats import VERDICT_STATISTIC, Verdict, evaluate, is_warmup, median, percentile
 
@@ -64,6 +65,10 @@ class Summary:
         server runs)."""
         if self.every_ns <= 0:
             return
+        # The phases of a step the CUDA timer left untimed hold host times (TIMER_HOST): a
+        # window of GPU times keeps them out.
+        if any(row[TIMER_AT] == TIMER_HOST for row in rows):
+            rows = [row for row in rows if row[TIMER_AT] != TIMER_HOST]
         if self._fast_add is not None:
             self._fast_add(rows, PHASES_AT, self._seen, MAX_SHAPES, self._window, self._launch, self._accept,
                            self._decode)

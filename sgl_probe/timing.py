@@ -82,7 +82,7 @@ class CpuTimer:
             return 0
         return self._fast.take_host(steps, n, out, self._offset, error_text, on_drop, *packed)
 
-    def start(self, now_ns: int) -> Any:
+    def start(self, now_ns: int, first: bool = True) -> Any:
         return now_ns
 
     def stop(self, token: Any, now_ns: int) -> Any:
@@ -278,7 +278,17 @@ class CudaTimer:
     the anchor's error the start is off by at most that error.
 
     Events come back from the drain thread through ``_returned``; only the hot thread moves them
-    into the pool."""
+    into the pool.
+
+    Steps, sampled (``every_ns``, ``SGL_PROBE_GPU_EVERY_MS``): a step's phases are timed on the
+    GPU when at least ``every_ns`` has passed since the last step so timed began (``start``'s
+    ``first``: the step's first phase decides for the whole step); the other steps' tokens are the
+    host clock (ints, as the CPU timer's), resolved as host times under the timer kind ``host``.
+    The one record a phase costs on the scheduler thread, and what SGLang's code loses beside it,
+    is then paid on one step per ``every_ns``, not on every step of a launch-bound server (on
+    real SGLang ~0.5-0.75 % of a ~1.6 ms step; BENCHMARKS.md, h100-23), while a server whose steps
+    are longer than ``every_ns`` still has every step timed. A timed step that follows an untimed
+    one has no previous end in the chain, so its first phase records a start event of its own."""
 
     kind = "cuda"
     host_clock = False
@@ -299,10 +309,15 @@ class CudaTimer:
     _FRESH_STOCK = 16
     _STREAMS_MAX = 256
 
-    def __init__(self, torch_mod: Any, fast: Any = None, hold_s: float = 1.0, max_pending: int = 0) -> None:
+    def __init__(self, torch_mod: Any, fast: Any = None, hold_s: float = 1.0, max_pending: int = 0,
+                 every_ns: int = 0) -> None:
         """``hold_s``: seconds between two drain passes (``SGL_PROBE_DRAIN_S``) and ``max_pending``:
         steps the queue to the drain holds (``SGL_PROBE_MAX_PENDING``), which size the event pool
-        and the anchor stock so a step never makes an event while the drain passes in time."""
+        and the anchor stock so a step never makes an event while the drain passes in time.
+        ``every_ns``: the steps' sampling (class doc; 0: every step on the GPU)."""
+        self._every_ns = max(0, int(every_ns))
+        self._gpu_due = 0  # the host clock from which the next step is timed on the GPU
+        self._step_host = False  # the current step keeps host times
         # Instance values, read by the Python methods (the C half asks them through _pop and
         # replenish): a drain passing every 30 s needs ~300 anchors between two top-ups, not 16.
         self._POOL_MAX = max(CudaTimer._POOL_MAX, max_pending)
@@ -447,15 +462,36 @@ class CudaTimer:
                 pool.append(ev)
         return pool.pop() if pool else self._new()
 
-    def start(self, now_ns: int) -> Any:
+    def start(self, now_ns: int, first: bool = True) -> Any:
+        lead = False
+        if self._every_ns and first:
+            host = now_ns < self._gpu_due
+            if not host:
+                self._gpu_due = now_ns + self._every_ns
+                lead = self._step_host
+            self._step_host = host
+        if self._step_host:
+            return now_ns
         if now_ns >= self._anchor_due:
             self._refresh_anchor(now_ns)
         if self._anchor_busy:
             # The stream was busy and the anchor is due: the drain must not decide by an anchor
             # that may have drifted (a GPU-bound server can go minutes without an idle stream).
             # What the query saw decides instead: the GPU is behind, so the previous end starts.
-            return (now_ns, self._last_end, None)
-        return (now_ns, self._last_end)
+            token = (now_ns, self._last_end, None)
+        else:
+            token = (now_ns, self._last_end)
+        return self._with_start_event(token) if lead else token
+
+    def _with_start_event(self, token: tuple) -> tuple:
+        """The token with a start event recorded now (a timed step after an untimed one: see the
+        class doc), or as it was while a graph is being captured. The C half calls it too: once
+        per ``every_ns`` at most."""
+        if self._capturing():
+            return token
+        ev = self._pop()
+        self._record(ev, self._stream_now()[0])
+        return (token[0], token[1], ev)
 
     def _refresh_anchor(self, now_ns: int) -> None:
         """An anchor is an event recorded on an idle stream, so the GPU reaches it one launch
@@ -485,8 +521,10 @@ class CudaTimer:
         self.start_events = True
         self.start = self._start_recorded  # type: ignore[method-assign]
 
-    def _start_recorded(self, now_ns: int) -> Any:
-        token = CudaTimer.start(self, now_ns)
+    def _start_recorded(self, now_ns: int, first: bool = True) -> Any:
+        token = CudaTimer.start(self, now_ns, first)
+        if token.__class__ is int or (len(token) > 2 and token[2] is not None):  # untimed, or it has one
+            return token
         if self._capturing():
             return token[:2]
         ev = self._pop()
@@ -494,6 +532,8 @@ class CudaTimer:
         return (now_ns, token[1], ev)
 
     def stop(self, token: Any, now_ns: int) -> Any:
+        if token.__class__ is int:  # an untimed step (class doc)
+            return now_ns
         if self._capturing():
             return None
         # The stream look-up inline: this runs on every phase, and each Python call costs more
@@ -512,6 +552,8 @@ class CudaTimer:
         return end
 
     def _stop_portable(self, token: Any, now_ns: int) -> Any:
+        if token.__class__ is int:  # an untimed step (class doc)
+            return now_ns
         if self._capturing():
             return None
         stream = self._current_stream()
@@ -621,7 +663,7 @@ class CudaTimer:
             exchange(ctypes.byref(mode))
 
     def ready(self, start: Any, end: Any) -> bool:
-        return self._done(end)
+        return end.__class__ is int or self._done(end)
 
     def ready_prefix(self, ends: list) -> int:
         """How many of ``ends`` (end tokens in record order) have completed, in few driver calls:
@@ -694,6 +736,8 @@ class CudaTimer:
         class doc). The end maps through its anchor; the start is the entry, or the previous
         phase's mapped end on the same stream where that is later. With the C hot path, the same
         arithmetic in C (``sgl_probe._hot.CudaFast.interval``, what the C drain runs)."""
+        if end.__class__ is int:  # an untimed step's phase: its host times (class doc)
+            return start + self._offset, end + self._offset, None
         if self._c is not None:
             return self._c.interval(start, end, *self._c_reader())
         elapsed = getattr(self._prepared, "elapsed", None) or self._elapsed
@@ -764,16 +808,17 @@ class CudaTimer:
         """Drain side (or a dropped step on the hot side): hand the events back for reuse; an end
         event that is its own anchor stays out of the pool (anchors stay alive)."""
         returned = self._returned
-        if start is not None and len(start) > 2 and start[2] is not None:
+        if start.__class__ is tuple and len(start) > 2 and start[2] is not None:
             returned.append(start[2])
-        if end is not None and end[0] is not end[3][0]:
+        if end.__class__ is tuple and end[0] is not end[3][0]:
             returned.append(end[0])
 
 
-def make_timer(choice: str, log, fast: Any = None, hold_s: float = 1.0, max_pending: int = 0) -> Any:
+def make_timer(choice: str, log, fast: Any = None, hold_s: float = 1.0, max_pending: int = 0,
+               every_ns: int = 0) -> Any:
     """``auto`` picks CUDA only where this process has already put work on a CUDA device. ``fast``:
     the C hot path (:mod:`sgl_probe.hotpath`), for the CUDA timer's start / stop; ``hold_s`` and
-    ``max_pending`` size its pool and anchor stock (:class:`CudaTimer`)."""
+    ``max_pending`` size its pool and anchor stock, ``every_ns`` samples its steps (:class:`CudaTimer`)."""
     if choice == "cpu":
         return CpuTimer(fast)
     try:
@@ -783,7 +828,7 @@ def make_timer(choice: str, log, fast: Any = None, hold_s: float = 1.0, max_pend
     except Exception:
         usable = False
     if usable:
-        return CudaTimer(torch, fast, hold_s, max_pending)
+        return CudaTimer(torch, fast, hold_s, max_pending, every_ns)
     if choice == "cuda":
         log.warning("sgl-probe: SGL_PROBE_TIMER=cuda but CUDA is not available here; using the cpu timer")
     return CpuTimer(fast)

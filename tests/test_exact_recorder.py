@@ -393,7 +393,7 @@ class TokenTimer:
         self.not_ready: set = set()
         self.asked: list[tuple] = []
 
-    def start(self, now):
+    def start(self, now, first=True):
         self.n += 1
         return ("start", self.n)
 
@@ -751,7 +751,7 @@ def test_a_failing_reader_disables_the_hook_and_sglang_runs_on(caplog):
 
 def test_stream_capture_records_nothing_and_runs_the_call():
     rec = Recorder("cpu", 100, LOG)
-    rec.timer = NS(start=lambda now: None)  # the timer says: a CUDA graph is being captured
+    rec.timer = NS(start=lambda now, first=True: None)  # the timer says: a CUDA graph is being captured
     spy = Spy()
     phase = rec.phase_method(Hook(FORWARD), spy)
     b = NS(forward_mode=ForwardMode.DECODE, seq_lens=[0])

@@ -382,7 +382,7 @@ def test_an_error_inside_the_probe_disables_the_hook_and_sglang_runs(hot, caplog
     rec = Recorder("cpu", 100, LOG, "c")
 
     class Broken(CpuTimer):
-        def start(self, now_ns):
+        def start(self, now_ns, first=True):
             raise RuntimeError("timer broke")
 
     rec.timer = Broken()
@@ -791,7 +791,8 @@ def _metrics_state(m) -> tuple:
 
 
 def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: bool = False,
-                  keep_gil: bool = False, packed_bytes: int = 0, metrics_fast: object = False) -> tuple:
+                  keep_gil: bool = False, packed_bytes: int = 0, metrics_fast: object = False,
+                  every_ns: int = 0, c_timer: bool = True) -> tuple:
     """Steps recorded by the C wrappers with the CUDA timer over a stand-in GPU (idle at some
     calls, behind at others, a launched graph, a raising phase, a verify), then drained by
     ``drain.take_ready``: in C (``CudaTimer.take_rows``) or by its Python loop; the elapsed times
@@ -800,7 +801,8 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
     ``packed_bytes``: the packed pass, messages of that many bytes (the rows it returns are those
     its messages carry), which feeds the summary itself; else the rows are summed up by
     ``Summary.add_rows``. ``metrics_fast`` (not False): a PhaseMetrics made with it (the C module
-    or None) is fed the same way, its state the last item."""
+    or None) is fed the same way, its state the last item. ``every_ns``: the timer's step sampling
+    (``SGL_PROBE_GPU_EVERY_MS``); ``c_timer`` False: the timer's Python start / stop."""
     from sgl_probe.summary import Summary
     from sgl_probe import drain
     from tests.test_gpu_free_parts import _FakeCudart
@@ -813,7 +815,7 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
     monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
     ft = _FakeTorch()
     rec = Recorder("cuda", 10_000, LOG, "c")
-    timer = rec.timer = CudaTimer(ft, hot)
+    timer = rec.timer = CudaTimer(ft, hot if c_timer else None, every_ns=every_ns)
     timer.relax_capture_mode = False
     timer.elapsed_keeps_gil = keep_gil
     state = timer._prepared  # as _prepare_thread leaves the drain thread
@@ -843,7 +845,7 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
 
     starts = []
     start = timer.start
-    timer.start = lambda now: starts.append(start(now)) or starts[-1]
+    timer.start = lambda now, first=True: starts.append(start(now, first)) or starts[-1]
     fwd = rec.phase_method(Hook(FORWARD), body)
     verify = rec.phase_method(Hook(VERIFY_V2), body)
     step = rec.step_method(Hook(STEP), lambda s, b, call: call())
@@ -884,7 +886,7 @@ def _drained_rows(hot, monkeypatch, c_take: bool, runtime: bool, refuse_second: 
         summ.add_rows(rows)
         if pm is not None:
             pm.observe_rows(rows)
-    busy_due = sum(len(t) > 2 for t in starts)
+    busy_due = sum(type(t) is tuple and len(t) > 2 for t in starts)
     return (rows, taken, len(timer._returned), timer._chain[1], timer.elapsed_source, rt and rt.calls, busy_due,
             seen, _summary_state(summ), left, len(msgs) if packed_bytes else 0,
             None if pm is None else _metrics_state(pm))
@@ -1829,3 +1831,62 @@ def test_anchor_events_go_back_to_the_stock_once_nothing_maps_through_them(hot, 
     end = anchored_phase(at + 4 * every)  # it anchors again, recorded through the runtime
     assert id(end[3][0]) in taken[:2] and len(made) == CudaTimer._FRESH_STOCK + 3 == timer.anchor_events_made
     assert [c for c in rt.calls if c[0] == "record"][-2][1] == end[3][0].cuda_event
+
+
+def test_a_sampled_cuda_timer_times_a_step_per_interval_and_resolves_the_others_as_host_times(hot, monkeypatch):
+    """``SGL_PROBE_GPU_EVERY_MS``: the timer times a step on the GPU once its interval has passed
+    since the last step it timed began (every clock read here is 2 ms, a step 8-12 ms: with 20 ms,
+    about one step in three), the step's first phase deciding for all of them; the others keep
+    their host times, under the timer kind ``host``, and cost no event. The C and Python timers
+    and drains resolve the same rows (a timed step after an untimed one has a start event of its
+    own: its start is the GPU's, not the chain's), and the summary takes only the timed steps."""
+    from sgl_probe.summary import Summary
+
+    rows = None
+    for c_timer in (True, False):
+        for c_take in (True, False):
+            got = _drained_rows(hot, monkeypatch, c_take=c_take, runtime=True, every_ns=20_000_000, c_timer=c_timer)
+            if rows is None:
+                rows, first = got[0], got
+            assert got[0] == rows and got[8] == first[8] and got[1] == 60
+    timers = [r[7] for r in rows]
+    timed = [r for r in rows if r[7] == "cuda"]
+    assert set(timers) == {"cuda", "host"} and 14 <= len(timed) <= 26, timers
+    # A step is 8 ms (12 with a verify): the next timed step is the first to begin 20 ms or more
+    # after the last one, two or three steps later.
+    index = [r[0] for r in timed]
+    assert {b - a for a, b in zip(index, index[1:])} <= {2, 3}
+    for r in rows:
+        for ph in r[8]:
+            if r[7] == "host":
+                # the phase's host call: its interval is its host time, no start kind
+                assert ph[10] is None and ph[2] - ph[1] == round(ph[7] * 1e6)
+            else:
+                assert ph[10] in ("gpu_event", "host_clock")
+    after_host = [rows[i] for i in range(1, len(rows)) if rows[i][7] == "cuda" and rows[i - 1][7] == "host"]
+    assert after_host and all(r[8][0][10] == "gpu_event" for r in after_host if r[8])
+    # every event back in the pool: the start events as well
+    assert first[2] == sum(len(r[8]) for r in timed) + len(after_host) - sum(1 for r in timed for ph in r[8] if ph[12])
+    # the summary as if it had only been given the timed steps
+    only = Summary(30, {"tp_rank": 0}, hot)
+    only.add_rows(timed)
+    assert first[8] == _summary_state(only)
+    # with every step timed (0) nothing is "host"
+    assert {r[7] for r in _drained_rows(hot, monkeypatch, c_take=True, runtime=True)[0]} == {"cuda"}
+
+
+def test_a_sampled_cuda_timer_packs_and_counts_its_untimed_steps_as_the_rows_pass_does(hot, monkeypatch):
+    """The packed pass with a sampled timer: the messages carry the same rows (the untimed steps'
+    timer kind ``host`` included); the metrics count every step and every accept length, and their
+    phase histograms hold only the timed steps' phases (GPU times), in C as in Python."""
+    want = _drained_rows(hot, monkeypatch, c_take=True, runtime=True, every_ns=20_000_000, metrics_fast=None)
+    for size in (1 << 20, 700):
+        got = _drained_rows(hot, monkeypatch, c_take=True, runtime=True, every_ns=20_000_000, packed_bytes=size,
+                            metrics_fast=hot)
+        assert got[0] == want[0] and got[9] == 0 and got[8] == want[8] and got[11] == want[11]
+    phases, steps, accept = want[11][:3]
+    rows = want[0]
+    assert sum(n for _labels, n in steps) == 60
+    assert sum(h.count for h in phases) == sum(len(r[8]) for r in rows if r[7] == "cuda") > 0
+    assert accept.count == sum(1 for r in rows for ph in r[8] if ph[9] is not None)
+    assert any(ph[9] is not None for r in rows if r[7] == "host" for ph in r[8])

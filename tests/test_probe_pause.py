@@ -336,9 +336,9 @@ def test_self_time_layers_time_the_probe_wrappers_and_what_they_call(shim, monke
         slow_sglang[0] = 0.0
         real = probe.recorder.timer.start
 
-        def slow_start(now_ns):  # the probe slower by 1 ms a phase: its own time must show it
+        def slow_start(now_ns, first=True):  # the probe slower by 1 ms a phase: its own time must show it
             time.sleep(0.001)
-            return real(now_ns)
+            return real(now_ns, first)
 
         probe.recorder.timer.start = slow_start
         slowed_probe, _ = self_us(20)

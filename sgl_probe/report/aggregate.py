@@ -23,7 +23,7 @@ import math
 from array import array
 from typing import Any, Optional
 
-from sgl_probe.contract import (DIST_BACKEND, SNAPSHOT_TRIGGER, ENV_ATTR_PREFIX, ENV_DIFFERS, ENV_WITHHELD, FINGERPRINT_SPAN, LAUNCHER_ENV_PREFIX,
+from sgl_probe.contract import (TIMER_HOST, DIST_BACKEND, SNAPSHOT_TRIGGER, ENV_ATTR_PREFIX, ENV_DIFFERS, ENV_WITHHELD, FINGERPRINT_SPAN, LAUNCHER_ENV_PREFIX,
                                 PHASES, PROBE_VERSION, RUN_ID, SGLANG_VERSION, SNAPSHOT_POINT, SPEC_PREFIX,
                                 SPEC_SETTINGS)
 from sgl_probe.report.fields import TP, DP, PP, accept_length, num, phase_fields, step_fields
@@ -212,6 +212,9 @@ class Aggregator:
             self.errors[span.name] += 1
         if timer is not None:
             self.timers[timer] += 1
+            if timer == TIMER_HOST:  # an untimed step's host times: no GPU-time statistic takes them
+                self._spec_facts(phase, span, bs)
+                return
         if type(ms) is not float or ms != ms:
             ms = num(ms)
             if ms is None:
@@ -256,7 +259,15 @@ class Aggregator:
                 if idx >= len(dg):
                     dg.extend(bytes(max(idx + 1 - len(dg), len(dg), 64)))
                 dg[idx] = 2 if graph else 1
+        self._spec_facts(phase, span, bs, b)
+
+    def _spec_facts(self, phase: str, span: Span, bs: Any, b: Any = None) -> None:
+        """A verify's accept length (by batch bucket ``b``) and the speculative settings."""
         if phase == "verify":
+            if b is None:
+                b = self._buckets.get(bs)
+                if b is None:
+                    b = self._buckets[bs] = bucket(bs)
             acc_len = accept_length(span)
             if acc_len is not None:
                 a = self.accept.get(b)

@@ -113,7 +113,8 @@ def header(doc: dict) -> list[str]:
     timers = doc["timers"]
     if timers:
         kinds = sorted(timers)
-        what = {"cuda": "GPU time (CUDA events)", "cpu": "host time (cpu timer)"}
+        what = {"cuda": "GPU time (CUDA events)", "cpu": "host time (cpu timer)",
+                "host": "host time of steps the CUDA timer left untimed (kept out of the phase times)"}
         parts.append("timer " + ", ".join(f"{k}: {what.get(k, k)}" for k in kinds))
     out = ["sgl-probe report: " + " · ".join(parts)]
     for i, run in enumerate(runs, 1):

@@ -954,10 +954,12 @@ def ab_judge(windows: dict) -> dict:
 #: record, time and queue every step with no drain thread taking the GIL, what a drain that never
 #: takes it would leave (the pairs a pass falls in are outliers; the median is the others). Its
 #: exporter processes' span queues hold a second's spans, so each pass drops most (counted): the
-#: kind measures the scheduler, not the export.
+#: kind measures the scheduler, not the export. ``selfall``: as ``self``, every step timed on the
+#: GPU (``SGL_PROBE_GPU_EVERY_MS=0``, the releases before the steps' sampling); ``self`` runs the
+#: release's default (a step timed on the GPU once 10 ms have passed since the last one).
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
               "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk",
-              "selfsampled", "selfnodrain")
+              "selfsampled", "selfnodrain", "selfall")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -983,6 +985,8 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "gil": {**otlp, "SGL_BENCH_KEEP_GIL": "1", "OTEL_SERVICE_NAME": "sglang-gil"},
             "self": {**otlp, "SGL_BENCH_SELF_TIME": "1", "OTEL_SERVICE_NAME": "sglang-self"},
             "selfcpu": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-selfcpu"},
+            "selfall": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_GPU_EVERY_MS": "0",
+                        "OTEL_SERVICE_NAME": "sglang-selfall"},
             "selfdrop": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_MAX_PENDING": "1",
                          "OTEL_SERVICE_NAME": "sglang-selfdrop"},
             "selfgil": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_KEEP_GIL": "1",

@@ -47,12 +47,13 @@ static PyObject *perf_counter_ns;
    reading without it, getting it back; then per step its pop, its row with its reads where they
    keep the GIL, its events' release; the summary; the packed pass's metrics). ``start_anchor``
    is the part of ``phase_start`` that refreshes the CUDA timer's anchor (refresh_anchor_runtime, or
-   Python's where that does not apply).
+   Python's where that does not apply), ``start_lead`` the part that records a timed step's start
+   event where the step before went untimed (start_event).
    A normal build compiles none of it. */
 #ifdef SGL_PROBE_SECTION_TIMES
 #define SECTIONS(X)                                                                                            \
     X(step_enter) X(step_read) X(step_exit) X(phase_enter) X(phase_read) X(phase_start) X(phase_exit)        \
-    X(start_anchor) X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)          \
+    X(start_anchor) X(start_lead) X(stop_stream) X(stop_capture) X(stop_event) X(stop_record) X(stop_tail) X(mark)          \
     X(drain_ready) X(drain_collect) X(drain_reads) X(drain_regain) X(drain_pop) X(drain_resolve)               \
     X(drain_release) X(drain_summary) X(drain_metrics)
 #define SECTION_ID(name) SEC_##name,
@@ -1992,6 +1993,47 @@ state_need(CudaFastObject *f, PyObject *name)
 
 static int refresh_anchor_runtime(CudaFastObject *f, long long now_v, PyObject *now);
 
+static int current_stream_runtime(CudaFastObject *f, PyObject **key_out, PyObject **stream_out, void **handle_out);
+static int torch_record(CudaFastObject *f, PyObject *ev, PyObject *stream);
+static PyObject *pop_event(CudaFastObject *f);
+static int runtime_failed(CudaFastObject *f, const char *what, int err);
+
+/* CudaTimer._with_start_event(token) (a timed step after an untimed one), as the phase end records
+   its event: through the runtime with the GIL held (torch's record releases it, and the scheduler
+   thread then waits to get it back from the drain: ~3 µs a step on average where every few steps
+   lead, h100-24); through Python where the runtime calls are off or an event was never recorded. */
+static PyObject *
+start_event(CudaFastObject *f, PyObject *token)
+{
+    if (f->event_record == NULL)
+        return PyObject_CallMethodOneArg(f->timer, s__with_start_event, token);
+    PyObject *key = NULL, *stream = NULL, *ev = NULL, *r = NULL;
+    void *sh = NULL, *eh = NULL;
+    if (current_stream_runtime(f, &key, &stream, &sh) < 0)
+        goto done;
+    int status = 0, err = f->is_capturing(sh, &status);
+    if (err != 0 || status) { /* a capture, or the check refused: Python's decides (through torch) */
+        r = PyObject_CallMethodOneArg(f->timer, s__with_start_event, token);
+        goto done;
+    }
+    if ((ev = pop_event(f)) == NULL || event_handle(f, ev, 1, &eh) < 0)
+        goto done;
+    if (eh == NULL || (err = f->event_record(eh, sh)) != 0) {
+        if (eh != NULL && runtime_failed(f, "cudaEventRecord", err) < 0)
+            goto done;
+        if (torch_record(f, ev, stream) < 0) /* also an event never recorded: torch creates it */
+            goto done;
+    }
+    r = PyTuple_Pack(3, PyTuple_GET_ITEM(token, 0), PyTuple_GET_ITEM(token, 1), ev);
+    if (r != NULL)
+        PyObject_GC_UnTrack(r); /* as fast_start's token */
+done:
+    Py_XDECREF(ev);
+    Py_XDECREF(stream);
+    Py_XDECREF(key);
+    return r;
+}
+
 /* CudaTimer.start */
 static PyObject *
 fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
@@ -2044,8 +2086,11 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     PyObject *token = busy ? PyTuple_Pack(3, now, last, Py_None) : PyTuple_Pack(2, now, last);
     if (token != NULL)
         PyObject_GC_UnTrack(token);
-    if (lead && token != NULL) /* once per gpu_every at most: through Python */
-        Py_SETREF(token, PyObject_CallMethodOneArg(f->timer, s__with_start_event, token));
+    if (lead && token != NULL) {
+        SECTION_T0(sec_lead);
+        Py_SETREF(token, start_event(f, token));
+        SECTION_ADD(start_lead, sec_lead); /* part of phase_start: a timed step's start event */
+    }
     return token;
 }
 

@@ -1890,3 +1890,46 @@ def test_a_sampled_cuda_timer_packs_and_counts_its_untimed_steps_as_the_rows_pas
     assert sum(h.count for h in phases) == sum(len(r[8]) for r in rows if r[7] == "cuda") > 0
     assert accept.count == sum(1 for r in rows for ph in r[8] if ph[9] is not None)
     assert any(ph[9] is not None for r in rows if r[7] == "host" for ph in r[8])
+
+
+def test_a_sampled_timer_records_a_timed_steps_start_event_in_c_as_python_does(hot, monkeypatch):
+    """Steps 3 ms apart, two phases each, ``every_ns`` 10 ms: every fourth step is timed, its first
+    phase deciding for both, and each timed step after an untimed one records a start event. The
+    C timer (torch's calls, or the runtime's with the GIL held) makes the same tokens and records
+    as the Python one; through the runtime, no start event goes through torch's record (which
+    releases the GIL)."""
+    from sgl_probe import timing
+
+    runs = []
+    for fast, runtime in ((None, False), (hot, False), (hot, True)):
+        ft = _FakeTorch()
+        if runtime:
+            rt = _FakeRuntime(ft)
+            monkeypatch.setattr(timing, "_runtime_entry_points", lambda on_fail: rt.addresses + (on_fail,))
+        timer = CudaTimer(ft, fast, every_ns=10_000_000)
+        _STREAMS[:] = list(timer._streams.values())
+        timer.relax_capture_mode = False
+        by_torch: list = []
+        record = timer._record
+        timer._record = lambda ev, st: by_torch.append(ev) or record(ev, st)
+        seen, leads, t = [], [], 10**12
+        for step in range(12):
+            for first in (True, False):
+                tok = timer.start(t, first)
+                end = timer.stop(tok, t + 500)
+                if type(tok) is int:
+                    seen.append((step, "host", end == t + 500))
+                else:
+                    lead = len(tok) > 2 and tok[2] is not None
+                    if lead:
+                        leads.append(tok[2])
+                    seen.append((step, lead, end[2] == t + 500))
+                    timer.release(tok, end)
+                t += 1_000_000
+            t += 1_000_000
+        runs.append((seen, len(ft.records)))
+        timed = sorted({s for s, kind, _ in seen if kind != "host"})
+        assert timed == [0, 4, 8] and len(leads) == 2
+        if runtime:
+            assert not any(ev in by_torch for ev in leads)
+    assert runs[0] == runs[1] == runs[2]

@@ -1,0 +1,153 @@
+"""SGL_PROBE_GPU_EVERY_MS: the CUDA timer times one step per interval on the GPU; the other steps
+keep host times and carry the timer kind "host", which no GPU-time statistic may take in (the
+summary window, the phase histograms, the report's phase statistics), while step counts and
+accept lengths still count them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from sgl_probe import config, contract, metrics
+from sgl_probe.recorder import Recorder
+from sgl_probe.report.aggregate import Aggregator
+from sgl_probe.report.model import Resource, Span
+from sgl_probe.resolved import ResolvedPhase, ResolvedStep
+from sgl_probe.summary import Summary
+
+VAR = "SGL_PROBE_GPU_EVERY_MS"
+MS = 1_000_000
+
+
+# --- config ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env,want", [({}, 10.0), ({VAR: "0"}, 0.0), ({VAR: "2.5"}, 2.5)])
+def test_gpu_every_ms_accepted_values(env, want):
+    cfg = config.load(env)
+    assert cfg.gpu_every_ms == want and cfg.problems == ()
+
+
+@pytest.mark.parametrize("value", ["-1", "abc"])
+def test_gpu_every_ms_bad_value_gives_one_line_and_the_default(value, caplog):
+    with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+        logging.getLogger("sgl_probe").propagate = True
+        cfg = config.load({VAR: value})
+    assert cfg.gpu_every_ms == 10.0
+    assert len(cfg.problems) == 1
+    line = cfg.problems[0]
+    assert VAR in line and repr(value) in line and "milliseconds >= 0" in line, line
+    assert cfg == config.Config()
+    assert [r.getMessage() for r in caplog.records if VAR in r.getMessage()] == [line]
+
+
+def test_recorder_hands_the_interval_to_the_timer_in_ns():
+    assert Recorder("cpu", 10, logging.getLogger("x"), "python", 1.0, 2.5)._gpu_every_ns == 2_500_000
+    assert Recorder("cpu", 10, logging.getLogger("x"), "python", 1.0, 0.0)._gpu_every_ns == 0
+
+
+# --- resolved rows: the summary and the metrics ----------------------------------------------
+
+def phase(name, ms, mode="DECODE", accept=None, graph=True):
+    return ResolvedPhase(name, 1_000, 1_000 + int(ms * MS), graph, mode, 4, 4, 0.05, "target", accept)
+
+
+def spec_step(index, timer, draft_ms, verify_ms, accept):
+    phases = (phase("draft", draft_ms, "DRAFT_EXTEND"), phase("verify", verify_ms, "TARGET_VERIFY", accept))
+    return ResolvedStep(index, 1_000, 1_000 + max(p.end_ns for p in phases), "TARGET_VERIFY", 4, 4, 0.1,
+                        timer, phases)
+
+
+# GPU times near 1-3 ms; host times far off (500+ ms) so that one leaking in shows in every statistic.
+CUDA_ROWS = [spec_step(0, "cuda", 1.0, 3.0, 2.0), spec_step(2, "cuda", 1.5, 2.5, 3.0)]
+HOST_ROWS = [spec_step(1, "host", 500.0, 900.0, 4.0), spec_step(3, "host", 700.0, 800.0, 1.0)]
+MIXED = [CUDA_ROWS[0], HOST_ROWS[0], CUDA_ROWS[1], HOST_ROWS[1]]
+
+
+def test_summary_window_holds_only_the_gpu_timed_phases():
+    s = Summary(30, {"tp_rank": 0})  # fast=None: the Python path
+    s.add_rows(MIXED)
+    got = {ph: pytest.approx(cols[0]) for ph, cols in s._window.items()}
+    assert got == {"draft": [1.0, 1.5], "verify": [3.0, 2.5]}
+    assert s._accept == [2.0, 3.0]  # the summary's accept lengths come from its window
+
+
+def test_summary_of_only_host_rows_is_empty():
+    s = Summary(30, {"tp_rank": 0})
+    s.add_rows(HOST_ROWS)
+    assert s._window == {}
+
+
+def test_metrics_count_host_steps_and_accepts_but_not_their_phases():
+    m = metrics.PhaseMetrics(ident={"tp_rank": 0}, sinks=[], flush_s=3600)  # fast=None
+    m.observe_rows(MIXED)
+    assert not m.failed
+    snap = m.snapshot()
+    assert {labels["forward_mode"]: n for labels, n in snap.steps} == {"TARGET_VERIFY": 4}
+    phases = {h.labels["phase"]: h for h in snap.phases}
+    assert {name: h.count for name, h in phases.items()} == {"draft": 2, "verify": 2}
+    # Sums and maxima in seconds: a host phase's 500+ ms would show here.
+    assert phases["verify"].sum == pytest.approx(0.0055) and phases["verify"].max == pytest.approx(0.003)
+    assert phases["draft"].sum == pytest.approx(0.0025)
+    assert snap.accept_length.count == 4 and snap.accept_length.sum == pytest.approx(10.0)
+
+
+# --- the report's aggregation ----------------------------------------------------------------
+
+RES = Resource({"sgl_probe.run_id": "run", "service.name": "sglang", "sglang.tp_rank": 0})
+
+
+def span(name, idx, ms, timer, accept=None, graph_ms=None):
+    attrs = {contract.DURATION_MS: float(ms), contract.CUDA_GRAPH: True, contract.BATCH_SIZE: 4,
+             contract.STEP_INDEX: idx, contract.TIMER: timer, "sglang.tp_rank": 0, "sglang.num_tokens": 4,
+             "sglang.forward_mode": "TARGET_VERIFY" if name == "verify" else "DECODE"}
+    if accept is not None:
+        attrs[contract.ACCEPT_LENGTH] = accept
+    if graph_ms is not None:
+        attrs[contract.GRAPH_MS] = graph_ms
+    t = 1_700_000_000_000_000_000 + idx * 1000 * MS
+    return Span("sglang." + name, "t%d" % idx, "%s%d" % (name, idx), "s%d" % idx, t, t + round(ms * MS), attrs, RES)
+
+
+def cuda_spans():
+    return [s for i, ms in enumerate((4.0, 5.0, 4.5)) for s in
+            (span("decode", i, ms, "cuda", graph_ms=ms - 0.5), span("verify", i, ms * 2, "cuda", accept=2.0))]
+
+
+def host_spans():
+    # Step indices of their own, as sampling leaves them: the same shapes, durations 100x off.
+    return [s for i, ms in ((10, 400.0), (11, 900.0)) for s in
+            (span("decode", i, ms, "host", graph_ms=ms - 300.0), span("verify", i, ms * 2, "host", accept=5.0))]
+
+
+def aggregate(spans):
+    agg = Aggregator()
+    for s in spans:
+        agg.add(s)
+    return agg
+
+
+def phase_stats(agg):
+    return ({k: (list(ms), list(idx)) for k, (ms, idx) in agg.shapes.items()},
+            # by_step pads with NaN (no call), which never equals itself: compare the set steps
+            {k: {i: v for i, v in enumerate(arr) if v == v} for k, arr in agg.by_step.items()},
+            {k: (list(a), list(b)) for k, (a, b) in agg.graph_launch.items()})
+
+
+def test_report_keeps_host_phases_out_of_phase_statistics():
+    only_cuda = aggregate(cuda_spans())
+    mixed = aggregate(cuda_spans() + host_spans())
+    assert mixed.shapes and phase_stats(mixed) == phase_stats(only_cuda)
+    assert mixed.n_phase_spans == 10
+    assert mixed.timers == {"cuda": 6, "host": 4}
+    # The host verifies' accept lengths (5.0 each) still count.
+    assert only_cuda.accept == {mixed_bucket(only_cuda): [3, 6.0]}
+    assert mixed.accept == {mixed_bucket(only_cuda): [5, 16.0]}
+    # and the finished statistics (steady groups) match too
+    only_cuda.finish(), mixed.finish()
+    assert {k: list(v) for k, v in mixed.groups.items()} == {k: list(v) for k, v in only_cuda.groups.items()}
+
+
+def mixed_bucket(agg):
+    (b,) = agg.accept
+    return b

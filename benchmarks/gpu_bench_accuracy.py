@@ -32,7 +32,7 @@ def section_accuracy(env: Env, rcv: gc.ReceiverProcess, names: list, cpu_us: flo
         # Re-instrument a fresh probe: the loop's probe was shut down after its section.
         tag = sh.tags["probe"] + "_acc"
         cls = gc.make_variant(tag, sh._eager, sh.cuda_graph)
-        probe = gc.make_probe(tag, rcv.env())
+        probe = gc.make_probe(tag, {**rcv.env(), **gc.EVERY_STEP})
         s = cls(None, tp_rank=0)
         S = 20 if sh.ms < 5 else 8
         for _ in range(3):

@@ -24,7 +24,7 @@ def off_hot_path_costs(env: Env, p_hot, sched_hot, batch, rcv_env: dict, n: int 
     out["drain_us_per_step"] = (time.perf_counter() - t0) / max(done, 1) * 1e6
     out["drain_cpu_us_per_step"] = (time.process_time() - c0) / max(done, 1) * 1e6
     cls = gc.make_variant("pc_exp", None, None)
-    p_exp = gc.make_probe("pc_exp", {**rcv_env, "SGL_PROBE_DRAIN_S": "1000000", "SGL_PROBE_SUMMARY_S": "0",
+    p_exp = gc.make_probe("pc_exp", {**rcv_env, **gc.EVERY_STEP, "SGL_PROBE_DRAIN_S": "1000000", "SGL_PROBE_SUMMARY_S": "0",
                                      "OTEL_BSP_MAX_QUEUE_SIZE": str(4 * n), "OTEL_BSP_SCHEDULE_DELAY": "600000"})
     s = cls(None, tp_rank=0)
     for _ in range(n):
@@ -57,7 +57,7 @@ def section_percall(env: Env, reps: int, calls: int, rcv_env: dict) -> dict:
     bare_cls = gc.make_variant("pc_bare", None, None)
     cuda_cls = gc.make_variant("pc_cuda", None, None)
     cpu_cls = gc.make_variant("pc_cpu", None, None)
-    p_cuda = gc.make_probe("pc_cuda", {"SGL_PROBE_DRAIN_S": "1000000", "SGL_PROBE_SUMMARY_S": "0",
+    p_cuda = gc.make_probe("pc_cuda", {**gc.EVERY_STEP, "SGL_PROBE_DRAIN_S": "1000000", "SGL_PROBE_SUMMARY_S": "0",
                                        "SGL_PROBE_TIMER": "cuda" if env.cuda else "cpu",
                                        "SGL_PROBE_MAX_PENDING": "100000000"})
     p_cpu = gc.make_probe("pc_cpu", {"SGL_PROBE_DRAIN_S": "1000000", "SGL_PROBE_SUMMARY_S": "0",

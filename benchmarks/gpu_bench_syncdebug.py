@@ -61,7 +61,7 @@ def section_syncdebug(env: Env, rcv: gc.ReceiverProcess, cpu_us: float, steps: i
     sh = RESULTS["_shapes"]["eager_launchbound_2ms"]
     tag = "syncdbg"
     cls = gc.make_variant(tag, sh._eager, None)
-    probe = gc.make_probe(tag, {**rcv.env(), "SGL_PROBE_DRAIN_S": "0.05"})
+    probe = gc.make_probe(tag, {**rcv.env(), **gc.EVERY_STEP, "SGL_PROBE_DRAIN_S": "0.05"})
     handler = _Collect()
     logging.getLogger("sgl_probe").addHandler(handler)
     s = cls(None, tp_rank=0)
@@ -126,7 +126,7 @@ def section_syncdebug(env: Env, rcv: gc.ReceiverProcess, cpu_us: float, steps: i
             a @ bm
 
     cls_long = gc.make_variant(tag + "_long", long_work, None)
-    p_long = gc.make_probe(tag + "_long", {"SGL_PROBE_DRAIN_S": "0.02", "SGL_PROBE_SUMMARY_S": "0"})
+    p_long = gc.make_probe(tag + "_long", {**gc.EVERY_STEP, "SGL_PROBE_DRAIN_S": "0.02", "SGL_PROBE_SUMMARY_S": "0"})
     s_long = cls_long(None, tp_rank=0)
     s_long.run_batch(gc.Batch(gc.ForwardMode.EXTEND, 1, extend_tokens=1))  # timer + warm-up
     env.sync()

@@ -55,7 +55,7 @@ def warm_on_side_stream(torch, fn):
 def case_phase_in_capture(torch) -> dict:
     eager, out = small_workload(torch)
     cls = gc.make_variant("cap", eager, None)
-    probe = gc.make_probe("cap", {"SGL_PROBE_DRAIN_S": "0.01", "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cuda"})
+    probe = gc.make_probe("cap", {**gc.EVERY_STEP, "SGL_PROBE_DRAIN_S": "0.01", "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cuda"})
     sched = cls(None, tp_rank=0)
     batch = gc.Batch(gc.ForwardMode.EXTEND, 4, extend_tokens=4)
     sched.run_batch(batch)  # an ordinary step first: the timer exists and has recorded events
@@ -163,7 +163,7 @@ def case_drain_during_capture(torch, relax: bool) -> dict:
     name = "drain_during_capture" + ("" if relax else "_unrelaxed_control")
     long_work = _long_gpu_work(torch)
     cls = gc.make_variant("drn", long_work, None)
-    probe = gc.make_probe("drn", {"SGL_PROBE_DRAIN_S": "0.002", "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cuda"})
+    probe = gc.make_probe("drn", {**gc.EVERY_STEP, "SGL_PROBE_DRAIN_S": "0.002", "SGL_PROBE_SUMMARY_S": "0", "SGL_PROBE_TIMER": "cuda"})
     sched = cls(None, tp_rank=0)
     from sgl_probe.timing import CudaTimer
 

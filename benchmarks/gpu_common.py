@@ -229,6 +229,12 @@ def env_override(values: dict) -> Iterator[None]:
                 os.environ[k] = v
 
 
+#: For what measures or checks the CUDA timer step by step (accuracy, per-call cost, capture
+#: safety, host syncs): every step timed on the GPU. The loops run the release's default, which
+#: times one step per 10 ms on the GPU (``SGL_PROBE_GPU_EVERY_MS``).
+EVERY_STEP = {"SGL_PROBE_GPU_EVERY_MS": "0"}
+
+
 def make_probe(tag: str, env: dict, targets: Optional[tuple] = None):
     """A real ``Probe`` (config, recorder, wrappers, pipeline) over the variant's classes."""
     from sgl_probe import config

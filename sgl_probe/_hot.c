@@ -4904,8 +4904,14 @@ pack_sampled(PackedObject *pk, TakeCtx *c, StepRecordObject *st, StepVals *v, Sa
 {
     SamplerUndo undo = {.window = -1};
     int keep = 1, slow = 0;
-    if (smp != NULL && sampler_keep(smp, st->index, v->w0, v->w1, st->mode, &keep, &slow, &undo) < 0)
-        return -1;
+    if (smp != NULL) {
+        /* an untimed step's host times: a p99 of their own (SlowSteps.is_slow_row) */
+        PyObject *mode = v->host ? PyTuple_Pack(2, s_host, st->mode) : Py_NewRef(st->mode);
+        int bad = mode == NULL || sampler_keep(smp, st->index, v->w0, v->w1, mode, &keep, &slow, &undo) < 0;
+        Py_XDECREF(mode);
+        if (bad)
+            return -1;
+    }
     if (!keep)
         return 1;
     int packed = slow ? packed_slow_room(pk, pk->rows) : 0; /* its flag's room first: nothing to take back */

@@ -23,12 +23,14 @@ from typing import Any, Mapping, Optional
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, TraceIdRatioBased
 
 from sgl_probe import spans as spans_mod
+from sgl_probe.contract import TIMER_HOST
 from sgl_probe.resolved import ResolvedStep
 
 log = logging.getLogger("sgl_probe")
 
 #: Where a resolved step's fields sit in its row.
-_INDEX, _START, _END, _MODE = (ResolvedStep._fields.index(f) for f in ("index", "start_ns", "end_ns", "mode"))
+_INDEX, _START, _END, _MODE, _TIMER = (ResolvedStep._fields.index(f)
+                                       for f in ("index", "start_ns", "end_ns", "mode", "timer"))
 _TRACE_ID_LIMIT = TraceIdRatioBased.TRACE_ID_LIMIT
 
 _NAMES = ("always_on", "always_off", "traceidratio", "parentbased_always_on",
@@ -76,6 +78,8 @@ class SlowSteps:
         field order; a ResolvedStep is one too)."""
         dur = row[_END] - row[_START]
         mode = row[_MODE]
+        if row[_TIMER] == TIMER_HOST:  # host times: a p99 of their own, not the GPU-timed steps'
+            mode = (TIMER_HOST, mode)
         entry = self._seen.get(mode)
         if entry is None:
             entry = self._seen[mode] = [collections.deque(maxlen=self.window), 0, None]
@@ -152,7 +156,9 @@ class StepSampling:
         order): the drain thread decides every step, so no named copy is made of it."""
         c = self.c_state()
         if c is not None:
-            return c.keep(row[_INDEX], row[_START], row[_END], row[_MODE])
+            mode = row[_MODE]
+            return c.keep(row[_INDEX], row[_START], row[_END],
+                          (TIMER_HOST, mode) if row[_TIMER] == TIMER_HOST else mode)
         slow = self.slow.is_slow_row(row)
         try:
             sampled = self._sampled(row[_INDEX])

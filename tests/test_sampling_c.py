@@ -66,6 +66,29 @@ def test_it_keeps_and_counts_the_steps_the_python_rules_keep(hot, env):
         assert by_c.kept_slow > 0 and by_c.sampled_out > 0
 
 
+def test_untimed_steps_have_a_slow_step_p99_of_their_own_in_c_as_in_python(hot):
+    """A sampled CUDA timer's untimed steps (timer ``host``) hold host times, GPU-timed ones GPU
+    times: each kind's slow steps are judged against the p99 of their own kind. Here the timed
+    steps take 10 ms, the untimed 1 ms with a 5 ms one every 97th: in one window the 5 ms steps
+    would pass as fast and every timed step as slow."""
+    env = {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0"}
+    by_c = sampling.StepSampling("run-h", {"tp_rank": 0}, env, fast=hot)
+    by_py = sampling.StepSampling("run-h", {"tp_rank": 0}, env)
+    rows = []
+    for i, row in enumerate(_rows(3000, 5)):
+        timed = i % 6 == 0
+        ms = 10.0 if timed else (5.0 if i % 97 == 0 else 1.0)
+        rows.append((row[0], row[1], row[1] + int(ms * 1e6), "DECODE", 4, 4, 0.1, "cuda" if timed else "host", ()))
+    kept = []
+    for row in rows:
+        got = by_c.keep_row(row)
+        assert got == by_py.keep_row(row), row[0]
+        kept.append(got[1])
+    slow_host = sum(k for k, r in zip(kept, rows) if r[7] == "host")
+    slow_timed = sum(k for k, r in zip(kept, rows) if r[7] == "cuda")
+    assert slow_host > 20 and slow_timed == 0, (slow_host, slow_timed)
+
+
 def test_its_trace_ids_follow_a_dp_rank_learned_later(hot):
     ident = {"tp_rank": 0}
     env = {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.5"}
@@ -217,3 +240,58 @@ def test_the_steps_it_drops_still_reach_the_summary_and_the_metrics(hot, monkeyp
         states.append((_summary_state(summ), _metrics_state(pm)))
     assert states[0] == states[1]
     assert sum(n for _labels, n in states[1][1][1]) == 700  # the metrics' steps: every one
+
+
+def test_the_packed_pass_over_a_sampled_cuda_timer_decides_as_the_python_rules(hot, monkeypatch):
+    """A sampled CUDA timer (stand-in torch: one step in three timed on the GPU, the others with
+    host times, timer ``host``), a ratio sampler: the packed pass in C keeps, flags slow and drops
+    exactly what the rows' pass and the Python rules do, the untimed steps judged against a p99 of
+    their own (in one window the timed steps' 10 ms would hide the untimed ones' 5 ms stalls)."""
+    from tests.test_gpu_free_parts import _FakeTorch
+
+    def recorded() -> Recorder:
+        now = [10**12]
+        monkeypatch.setattr(recorder, "perf_counter_ns", lambda: now[0])
+        monkeypatch.setattr(timing, "perf_counter_ns", lambda: 0)
+        monkeypatch.setattr(timing.time, "time_ns", lambda: 10**18)
+        ft = _FakeTorch()
+        rec = Recorder("cuda", 10**6, LOG, "c")
+        timer = rec.timer = timing.CudaTimer(ft, hot, every_ns=6_000_000)
+        timer.relax_capture_mode = False
+        state = timer._prepared
+        state.exchange, state.elapsed, state.done = None, None, True
+
+        def body(worker, batch, i):
+            # A host stall now and then, on an untimed step (a stall delays the next step's start:
+            # the timed steps, every third, realign after it; 212 is not a multiple of 3).
+            now[0] += int((5.0 if i % 212 == 0 else 1.0) * 1e6)
+            ft.queued_ms += 10.0  # the GPU's step, longer than the host's
+            return NS(can_run_cuda_graph=True)
+
+        fwd = rec.phase_method(Hook(FORWARD), body)
+        step = rec.step_method(Hook(STEP), lambda s, b, call: call())
+        worker = NS(model_runner=NS(server_args=NS(disable_cuda_graph=False)))
+        dec = NS(forward_mode=ForwardMode.DECODE, seq_lens=NS(shape=(2,)))
+        for i in range(1, 1501):
+            step(None, dec, lambda: fwd(worker, dec, i))
+            now[0] += 1_000_000
+        ft.gpu_ms = ft.queued_ms + 1  # all done
+        return rec
+
+    env = {**RATIO, "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    ident = {"tp_rank": 0, "dp_rank": 0}
+    rec = recorded()
+    rows: list = []
+    while drain.take_ready(rec.steps, rec.timer, 10**13, False, 128, rows):
+        pass
+    assert {r[7] for r in rows} == {"cuda", "host"}
+    by_py = sampling.StepSampling("run-s", ident, env)
+    want = [(row, slow) for row in rows for keep, slow in [by_py.keep_row(row)] if keep]
+    rec = recorded()
+    by_c = sampling.StepSampling("run-s", ident, env, fast=hot)
+    pk, got = hot.PackedSteps(1 << 20), []
+    while drain.take_ready(rec.steps, rec.timer, 10**13, False, 128, [], pk, None, None, by_c.c_state()):
+        pass
+    sent, slow = hot.unpack_steps(pk.finish())
+    got = sorted(zip(sent, slow), key=lambda item: item[0][0])
+    assert got == want

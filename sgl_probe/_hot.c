@@ -1278,9 +1278,9 @@ phase_call(HookObject *h, PyObject *const *args, size_t nargsf, PyObject *kwname
         if (fx[0] != Py_None) {
             PyObject *now = now_ns(h);
             if (now != NULL) {
-                /* (whether it is the step's first phase: the CUDA timer decides per step) */
+                /* (the step's index at its first phase: the CUDA timer decides per step) */
                 PyObject *start_args[2] = {now, PyList_Check(st->phases) && PyList_GET_SIZE(st->phases) > 0
-                                                    ? Py_False : Py_True};
+                                                    ? Py_None : st->index};
                 PyObject *token = timer_call(h, s_start, start_args, 2);
                 SECTION_ADD(phase_start, sec_part);
                 if (token != NULL) {
@@ -1629,9 +1629,9 @@ typedef struct {
     void *last_read_handle;
     /* This timer's entry in the watched timer dicts (timer_call); -1 none yet, -2 none was free. */
     int watch_slot;
-    /* The steps' sampling (CudaTimer's class doc): a step is timed on the GPU from gpu_due on,
-       which then moves gpu_every ahead (0: every step); step_host, the current step is not. */
-    long long gpu_every, gpu_due;
+    /* The steps' sampling (CudaTimer's class doc, timed_step): gpu_every (0: every step timed),
+       the last step's start and the steps' running period; step_host, the current step is not timed. */
+    long long gpu_every, last_step, period;
     int step_host;
 } CudaFastObject;
 
@@ -1963,7 +1963,7 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->anchor_every = every;
     f->anchor_retry = retry;
     f->gpu_every = gpu_every;
-    f->gpu_due = 0;
+    f->last_step = f->period = 0;
     f->step_host = 0;
     f->on_fail = Py_XNewRef(on_fail);
     PyObject_GC_Track(f);
@@ -2034,12 +2034,43 @@ done:
     return r;
 }
 
+/* CudaTimer._timed_step(now_ns, index), the same integer arithmetic: the steps' running period
+   (from one step's start to the next, at most gpu_every), k the largest power of two with k such
+   periods within gpu_every, and the step timed where its index is a multiple of k. */
+static int
+timed_step(CudaFastObject *f, long long now_v, PyObject *index)
+{
+    long long last = f->last_step, every = f->gpu_every;
+    f->last_step = now_v;
+    if (last != 0) {
+        long long dt = now_v - last;
+        dt = dt < 0 ? 0 : dt > every ? every : dt;
+        long long d = dt - f->period, q = d / 8;
+        if (d % 8 != 0 && d < 0) /* Python's // */
+            q--;
+        f->period = f->period == 0 ? dt : f->period + q;
+    }
+    long long p = f->period;
+    unsigned long long k = 1;
+    if (p > 0)
+        while ((long long)(k << 1) * p <= every)
+            k <<= 1;
+    if (k == 1)
+        return 1;
+    unsigned long long i = PyLong_Check(index) ? PyLong_AsUnsignedLongLongMask(index) : 0;
+    if (i == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    return (i & (k - 1)) == 0;
+}
+
 /* CudaTimer.start */
 static PyObject *
 fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 1 && nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "start(now_ns[, first])");
+        PyErr_SetString(PyExc_TypeError, "start(now_ns[, step])");
         return NULL;
     }
     PyObject *now = args[0];
@@ -2048,15 +2079,9 @@ fast_start(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int lead = 0; /* a timed step after an untimed one: a start event of its own (CudaTimer.start) */
     if (f->gpu_every > 0) {
-        int first = nargs < 2 ? 1 : PyObject_IsTrue(args[1]);
-        if (first < 0)
-            return NULL;
-        if (first) {
-            int host = now_v < f->gpu_due;
-            if (!host) {
-                f->gpu_due = now_v + f->gpu_every;
-                lead = f->step_host;
-            }
+        if (nargs == 2 && args[1] != Py_None) { /* a step's first phase: its index decides */
+            int host = !timed_step(f, now_v, args[1]);
+            lead = !host && f->step_host;
             f->step_host = host;
         }
         if (f->step_host)
@@ -3725,7 +3750,7 @@ static PyObject *
 cpu_start(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 1 && nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "start(now_ns[, first])");
+        PyErr_SetString(PyExc_TypeError, "start(now_ns[, step])");
         return NULL;
     }
     return Py_NewRef(args[0]);

@@ -212,8 +212,8 @@ class Recorder:
                 facts = read(target, args, kwargs, spec)
                 if facts[0] is not None:
                     now = perf_counter_ns()
-                    # (whether it is the step's first phase: the CUDA timer decides per step)
-                    ph = PhaseRecord(facts, name, now, rec.timer.start(now, not st.phases))
+                    # (the step's index at its first phase: the CUDA timer decides per step)
+                    ph = PhaseRecord(facts, name, now, rec.timer.start(now, None if st.phases else st.index))
             except Exception as exc:
                 hook.fail(exc)
             if ph is None:

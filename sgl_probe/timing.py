@@ -82,7 +82,7 @@ class CpuTimer:
             return 0
         return self._fast.take_host(steps, n, out, self._offset, error_text, on_drop, *packed)
 
-    def start(self, now_ns: int, first: bool = True) -> Any:
+    def start(self, now_ns: int, step: Any = None) -> Any:
         return now_ns
 
     def stop(self, token: Any, now_ns: int) -> Any:
@@ -280,10 +280,14 @@ class CudaTimer:
     Events come back from the drain thread through ``_returned``; only the hot thread moves them
     into the pool.
 
-    Steps, sampled (``every_ns``, ``SGL_PROBE_GPU_EVERY_MS``): a step's phases are timed on the
-    GPU when at least ``every_ns`` has passed since the last step so timed began (``start``'s
-    ``first``: the step's first phase decides for the whole step); the other steps' tokens are the
-    host clock (ints, as the CPU timer's), resolved as host times under the timer kind ``host``.
+    Steps, sampled (``every_ns``, ``SGL_PROBE_GPU_EVERY_MS``): with k the largest power of two
+    such that k steps last at most ``every_ns`` (by the steps' running period), a step is timed on
+    the GPU where its index is a multiple of k (``start``'s ``step``: the index, given at the step's
+    first phase, which decides for the whole step). By index, not by clock, so that every rank of a
+    server times the same steps (its step indexes are the same; ranks whose k differ by a factor
+    of two still share every step the larger k times), as the report's per-step comparisons of
+    ranks need. The other steps' tokens are the host clock (ints, as the CPU timer's), resolved as
+    host times under the timer kind ``host``.
     The one record a phase costs on the scheduler thread, and what SGLang's code loses beside it,
     is then paid on one step per ``every_ns``, not on every step of a launch-bound server (on
     real SGLang ~0.5-0.75 % of a ~1.6 ms step; BENCHMARKS.md, h100-23), while a server whose steps
@@ -316,7 +320,8 @@ class CudaTimer:
         and the anchor stock so a step never makes an event while the drain passes in time.
         ``every_ns``: the steps' sampling (class doc; 0: every step on the GPU)."""
         self._every_ns = max(0, int(every_ns))
-        self._gpu_due = 0  # the host clock from which the next step is timed on the GPU
+        self._last_step = 0  # the host clock at the last step's first phase
+        self._period = 0  # the steps' running period (ns), at most every_ns
         self._step_host = False  # the current step keeps host times
         # Instance values, read by the Python methods (the C half asks them through _pop and
         # replenish): a drain passing every 30 s needs ~300 anchors between two top-ups, not 16.
@@ -462,13 +467,11 @@ class CudaTimer:
                 pool.append(ev)
         return pool.pop() if pool else self._new()
 
-    def start(self, now_ns: int, first: bool = True) -> Any:
+    def start(self, now_ns: int, step: Any = None) -> Any:
         lead = False
-        if self._every_ns and first:
-            host = now_ns < self._gpu_due
-            if not host:
-                self._gpu_due = now_ns + self._every_ns
-                lead = self._step_host
+        if self._every_ns and step is not None:
+            host = not self._timed_step(now_ns, step)
+            lead = not host and self._step_host
             self._step_host = host
         if self._step_host:
             return now_ns
@@ -482,6 +485,19 @@ class CudaTimer:
         else:
             token = (now_ns, self._last_end)
         return self._with_start_event(token) if lead else token
+
+    def _timed_step(self, now_ns: int, index: Any) -> bool:
+        """Whether the step of this index is timed on the GPU (class doc), at its first phase."""
+        last, every = self._last_step, self._every_ns
+        self._last_step = now_ns
+        if last:
+            dt = min(max(now_ns - last, 0), every)
+            self._period = dt if self._period == 0 else self._period + (dt - self._period) // 8
+        k, p = 1, self._period
+        if p > 0:
+            while (k << 1) * p <= every:
+                k <<= 1
+        return k == 1 or type(index) is not int or index & (k - 1) == 0
 
     def _with_start_event(self, token: tuple) -> tuple:
         """The token with a start event recorded now (a timed step after an untimed one: see the
@@ -521,8 +537,8 @@ class CudaTimer:
         self.start_events = True
         self.start = self._start_recorded  # type: ignore[method-assign]
 
-    def _start_recorded(self, now_ns: int, first: bool = True) -> Any:
-        token = CudaTimer.start(self, now_ns, first)
+    def _start_recorded(self, now_ns: int, step: Any = None) -> Any:
+        token = CudaTimer.start(self, now_ns, step)
         if token.__class__ is int or (len(token) > 2 and token[2] is not None):  # untimed, or it has one
             return token
         if self._capturing():

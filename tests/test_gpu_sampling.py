@@ -151,3 +151,28 @@ def test_report_keeps_host_phases_out_of_phase_statistics():
 def mixed_bucket(agg):
     (b,) = agg.accept
     return b
+
+
+def test_every_rank_times_the_same_steps():
+    """The timed steps are chosen by step index (a power-of-two stride from the steps' period),
+    not by each process's clock: ranks whose steps take a little longer or started a little later
+    time the same steps, and a rank whose stride came out twice as large times a subset of them
+    (the report compares ranks step by step)."""
+    from sgl_probe.timing import CudaTimer
+    from tests.test_gpu_free_parts import _FakeTorch
+
+    def timed(period_ns, offset_ns):
+        timer = CudaTimer(_FakeTorch(), None, every_ns=10_000_000)
+        timer.relax_capture_mode = False
+        t, out = 10**12 + offset_ns, set()
+        for index in range(400):
+            token = timer.start(t, index)
+            timer.release(token, timer.stop(token, t + 100_000))
+            if index >= 20 and type(token) is not int:  # (after the period has settled)
+                out.add(index)
+            t += period_ns
+        return out
+
+    a, b, c = timed(1_600_000, 0), timed(1_700_000, 700_000), timed(1_200_000, 300_000)
+    assert a == b == {i for i in range(20, 400) if i % 4 == 0}
+    assert c == {i for i in range(20, 400) if i % 8 == 0}

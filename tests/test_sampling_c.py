@@ -243,7 +243,7 @@ def test_the_steps_it_drops_still_reach_the_summary_and_the_metrics(hot, monkeyp
 
 
 def test_the_packed_pass_over_a_sampled_cuda_timer_decides_as_the_python_rules(hot, monkeypatch):
-    """A sampled CUDA timer (stand-in torch: one step in three timed on the GPU, the others with
+    """A sampled CUDA timer (stand-in torch: one step in two timed on the GPU, the others with
     host times, timer ``host``), a ratio sampler: the packed pass in C keeps, flags slow and drops
     exactly what the rows' pass and the Python rules do, the untimed steps judged against a p99 of
     their own (in one window the timed steps' 10 ms would hide the untimed ones' 5 ms stalls)."""
@@ -262,9 +262,8 @@ def test_the_packed_pass_over_a_sampled_cuda_timer_decides_as_the_python_rules(h
         state.exchange, state.elapsed, state.done = None, None, True
 
         def body(worker, batch, i):
-            # A host stall now and then, on an untimed step (a stall delays the next step's start:
-            # the timed steps, every third, realign after it; 212 is not a multiple of 3).
-            now[0] += int((5.0 if i % 212 == 0 else 1.0) * 1e6)
+            # A host stall now and then, on an untimed step (2 ms steps, 6 ms: the even ones are timed)
+            now[0] += int((5.0 if i % 212 == 1 else 1.0) * 1e6)
             ft.queued_ms += 10.0  # the GPU's step, longer than the host's
             return NS(can_run_cuda_graph=True)
 

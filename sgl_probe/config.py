@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 
 from sgl_probe import hotpath
-from sgl_probe.contract import DEFAULT_ENV_ALLOW
+from sgl_probe.contract import DEFAULT_ENV_ALLOW, ENV_GPU_EVERY_MS
 
 log = logging.getLogger("sgl_probe")
 
@@ -112,7 +112,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     cfg = Config(
         enabled=get("SGL_PROBE", _parse_bool, True, "1/true/yes/on or 0/false/no/off"),
         timer=get("SGL_PROBE_TIMER", _parse_choice(("auto", "cuda", "cpu")), "auto", "auto, cuda, cpu"),
-        gpu_every_ms=get("SGL_PROBE_GPU_EVERY_MS", _parse_nonneg_float, defaults.gpu_every_ms,
+        gpu_every_ms=get(ENV_GPU_EVERY_MS, _parse_nonneg_float, defaults.gpu_every_ms,
                          "a number of milliseconds >= 0 (0 times every step on the GPU)"),
         hotpath=get("SGL_PROBE_HOTPATH", _parse_choice(hotpath.CHOICES), "auto", ", ".join(hotpath.CHOICES)),
         trace_dir=get("SGL_PROBE_TRACE_DIR", str, None, "a directory path"),

@@ -49,6 +49,7 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
     (:func:`step_ready`). The timer's events are not released here (the caller does, whatever
     happens)."""
     host = getattr(timer, "host_clock", False)
+    untimed = getattr(timer, "untimed_steps", False)  # its int end tokens: steps left untimed
     offset = timer.offset if host else timer.wall(0)
     interval = timer.interval_kind
     kind_of_step = timer.kind
@@ -58,7 +59,7 @@ def resolve_row(st: StepRecord, timer: Any) -> tuple:
         t_end = ph.t_end
         if t_end is None:
             continue
-        if host or t_end.__class__ is int:  # (a CUDA timer's untimed step: its host times)
+        if host or (untimed and t_end.__class__ is int):  # (a CUDA timer's untimed step: host times)
             if not host:
                 kind_of_step = TIMER_HOST
             t0 = ph.t_start + offset

@@ -296,6 +296,8 @@ class CudaTimer:
 
     kind = "cuda"
     host_clock = False
+    #: Its end tokens may be host clock values (ints): steps left untimed (see the class doc).
+    untimed_steps = True
     # Host and GPU clocks drift apart by up to ~10 ppm on the H200 hosts measured (gpu_clock.py):
     # 100 ms between anchors keeps that under 1 µs, for one extra event per 100 ms.
     _ANCHOR_EVERY_NS = 100_000_000

@@ -15,6 +15,8 @@ DEFAULTS = config.Config()
 BAD = {
     contract.ENV_ENABLE: (["maybe", "2", "enabled", "-1"], "1/true/yes/on or 0/false/no/off"),
     contract.ENV_TIMER: (["gpu", "cuda:0", "autos", "c pu"], "auto, cuda, cpu"),
+    contract.ENV_GPU_EVERY_MS: (["-1", "often", "inf", "nan", "10ms"],
+                                "a number of milliseconds >= 0 (0 times every step on the GPU)"),
     contract.ENV_SUMMARY_S: (["-3", "soon", "-0.5", "inf", "nan", "1e400", "3s"],
                              "a number of seconds >= 0 (0 turns the summary line off)"),
     contract.ENV_ALLOW: (["A B", "FOO*BAR", "**", "A-B", "MY.VAR", "X,Y$"],
@@ -29,7 +31,7 @@ FIELD = {contract.ENV_ENABLE: "enabled", contract.ENV_TIMER: "timer", contract.E
          contract.ENV_ALLOW: "env_allow", contract.ENV_MAX_PENDING: "max_pending",
          contract.ENV_DRAIN_S: "drain_interval_s", contract.ENV_NCCL_CONFIRM: "nccl_confirm",
          contract.ENV_IDLE_FLUSH_S: "idle_flush_s",
-         contract.ENV_METRICS: "metrics",
+         contract.ENV_METRICS: "metrics", contract.ENV_GPU_EVERY_MS: "gpu_every_ms",
          contract.ENV_TRACE_DIR: "trace_dir"}
 
 

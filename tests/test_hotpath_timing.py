@@ -408,14 +408,16 @@ def test_a_due_anchors_drift_allowance_and_the_end_never_before_the_start():
 
 
 def test_the_probe_sizes_its_cuda_timer_by_the_drain_interval_and_the_queue(monkeypatch):
-    """``SGL_PROBE_DRAIN_S`` and ``SGL_PROBE_MAX_PENDING`` reach the CUDA timer the probe's recorder makes."""
+    """``SGL_PROBE_DRAIN_S``, ``SGL_PROBE_MAX_PENDING`` and ``SGL_PROBE_GPU_EVERY_MS`` reach the CUDA
+    timer the probe's recorder makes."""
     from sgl_probe import activate, config, timing
 
     asked = []
-    monkeypatch.setattr(timing, "make_timer", lambda choice, log, fast=None, hold_s=1.0, max_pending=0:
-                        asked.append((choice, hold_s, max_pending)) or "timer")
+    monkeypatch.setattr(timing, "make_timer", lambda choice, log, fast=None, hold_s=1.0, max_pending=0, every_ns=0:
+                        asked.append((choice, hold_s, max_pending, every_ns)) or "timer")
     monkeypatch.setenv(activate.RUN_ID_VAR, "run")  # a Probe sets these where they are missing
     monkeypatch.setenv(activate.envsnap.LAUNCHER_ENV_VAR, "{}")
-    cfg = config.load({"SGL_PROBE_DRAIN_S": "7.5", "SGL_PROBE_MAX_PENDING": "20000", "SGL_PROBE_TIMER": "cuda"})
+    cfg = config.load({"SGL_PROBE_DRAIN_S": "7.5", "SGL_PROBE_MAX_PENDING": "20000", "SGL_PROBE_TIMER": "cuda",
+                       "SGL_PROBE_GPU_EVERY_MS": "2.5"})
     probe = activate.Probe(cfg, targets=())
-    assert probe.recorder.ensure_timer() == "timer" and asked == [("cuda", 7.5, 20000)]
+    assert probe.recorder.ensure_timer() == "timer" and asked == [("cuda", 7.5, 20000, 2_500_000)]

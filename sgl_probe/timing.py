@@ -289,10 +289,10 @@ class CudaTimer:
     ranks need. The other steps' tokens are the host clock (ints, as the CPU timer's), resolved as
     host times under the timer kind ``host``.
     The one record a phase costs on the scheduler thread, and what SGLang's code loses beside it,
-    is then paid on one step per ``every_ns``, not on every step of a launch-bound server (on
-    real SGLang ~0.5-0.75 % of a ~1.6 ms step; BENCHMARKS.md, h100-23), while a server whose steps
-    are longer than ``every_ns`` still has every step timed. A timed step that follows an untimed
-    one has no previous end in the chain, so its first phase records a start event of its own."""
+    is then paid on one step in k, not on every step of a launch-bound server (on real SGLang
+    ~0.5-0.75 % of a ~1.6 ms step; BENCHMARKS.md, h100-23), while a server whose steps are longer
+    than half of ``every_ns`` still has every step timed. A timed step that follows an untimed one
+    has no previous end in the chain, so its first phase records a start event of its own."""
 
     kind = "cuda"
     host_clock = False
@@ -503,8 +503,8 @@ class CudaTimer:
 
     def _with_start_event(self, token: tuple) -> tuple:
         """The token with a start event recorded now (a timed step after an untimed one: see the
-        class doc), or as it was while a graph is being captured. The C half calls it too: once
-        per ``every_ns`` at most."""
+        class doc), or as it was while a graph is being captured. The C half calls it where its
+        runtime calls are off."""
         if self._capturing():
             return token
         ev = self._pop()

@@ -1631,7 +1631,7 @@ typedef struct {
     int watch_slot;
     /* The steps' sampling (CudaTimer's class doc, timed_step): gpu_every (0: every step timed),
        the last step's start and the steps' running period; step_host, the current step is not timed. */
-    long long gpu_every, last_step, period;
+    long long gpu_every, last_step, period, stride;
     int step_host;
 } CudaFastObject;
 
@@ -1964,6 +1964,7 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->anchor_retry = retry;
     f->gpu_every = gpu_every;
     f->last_step = f->period = 0;
+    f->stride = 1;
     f->step_host = 0;
     f->on_fail = Py_XNewRef(on_fail);
     PyObject_GC_Track(f);
@@ -2055,6 +2056,7 @@ timed_step(CudaFastObject *f, long long now_v, PyObject *index)
     if (p > 0)
         while ((long long)(k << 1) * p <= every)
             k <<= 1;
+    f->stride = (long long)k;
     if (k == 1)
         return 1;
     unsigned long long i = PyLong_Check(index) ? PyLong_AsUnsignedLongLongMask(index) : 0;
@@ -3636,7 +3638,14 @@ fast_chain_set(CudaFastObject *f, PyObject *v, void *closure)
     return 0;
 }
 
+static PyObject *
+fast_stride_get(CudaFastObject *f, void *closure)
+{
+    return PyLong_FromLongLong(f->stride);
+}
+
 static PyGetSetDef fast_getset[] = {
+    {"stride", (getter)fast_stride_get, NULL, "CudaTimer.gpu_stride: one step in this many timed on the GPU", NULL},
     {"anchor_due", (getter)fast_anchor_due_get, (setter)fast_anchor_due_set, "CudaTimer._anchor_due", NULL},
     {"anchor_busy", (getter)fast_anchor_busy_get, (setter)fast_anchor_busy_set, "CudaTimer._anchor_busy", NULL},
     {"last_end", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._last_end", (void *)KEPT_LAST_END},

@@ -286,6 +286,9 @@ class Pipeline:
         if line:
             if not self.sampling.always:
                 line += " | sampled_out=%d kept_slow=%d" % (self.sampling.sampled_out, self.sampling.kept_slow)
+            stride = getattr(self.recorder.timer, "gpu_stride", 1)
+            if stride > 1:  # the phase times above are those of the steps timed on the GPU
+                line += " | gpu_timed=1/%d" % stride
             log.info(line)
 
     def flush(self, timeout_s: float = 5.0) -> None:

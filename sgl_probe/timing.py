@@ -324,6 +324,7 @@ class CudaTimer:
         self._every_ns = max(0, int(every_ns))
         self._last_step = 0  # the host clock at the last step's first phase
         self._period = 0  # the steps' running period (ns), at most every_ns
+        self._stride = 1  # one step in this many is timed (the last step's k)
         self._step_host = False  # the current step keeps host times
         # Instance values, read by the Python methods (the C half asks them through _pop and
         # replenish): a drain passing every 30 s needs ~300 anchors between two top-ups, not 16.
@@ -499,7 +500,13 @@ class CudaTimer:
         if p > 0:
             while (k << 1) * p <= every:
                 k <<= 1
+        self._stride = k
         return k == 1 or type(index) is not int or index & (k - 1) == 0
+
+    @property
+    def gpu_stride(self) -> int:
+        """One step in this many is timed on the GPU now (1: every step; class doc)."""
+        return self._c.stride if self._c is not None else self._stride
 
     def _with_start_event(self, token: tuple) -> tuple:
         """The token with a start event recorded now (a timed step after an untimed one: see the

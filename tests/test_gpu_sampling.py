@@ -1,4 +1,4 @@
-"""SGL_PROBE_GPU_EVERY_MS: the CUDA timer times one step per interval on the GPU; the other steps
+"""SGL_PROBE_GPU_EVERY_MS: the CUDA timer times a share of the steps on the GPU; the other steps
 keep host times and carry the timer kind "host", which no GPU-time statistic may take in (the
 summary window, the phase histograms, the report's phase statistics), while step counts and
 accept lengths still count them."""
@@ -6,6 +6,7 @@ accept lengths still count them."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from sgl_probe.report.aggregate import Aggregator
 from sgl_probe.report.model import Resource, Span
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 from sgl_probe.summary import Summary
+from tests.test_probe_inprocess import probe_factory, receiver  # noqa: F401  (fixtures)
 
 VAR = "SGL_PROBE_GPU_EVERY_MS"
 MS = 1_000_000
@@ -176,3 +178,52 @@ def test_every_rank_times_the_same_steps():
     a, b, c = timed(1_600_000, 0), timed(1_700_000, 700_000), timed(1_200_000, 300_000)
     assert a == b == {i for i in range(20, 400) if i % 4 == 0}
     assert c == {i for i in range(20, 400) if i % 8 == 0}
+
+
+def test_a_probe_with_a_sampled_cuda_timer_exports_every_step_and_says_the_share(probe_factory, receiver, caplog,
+                                                                                   monkeypatch):
+    """End to end, the probe's pipeline over a stand-in GPU (``_FakeTorch``: events complete at
+    once): 2-5 ms steps with 40 ms give one timed step in 8 or 16 (this machine's own speed
+    decides), by index; every step reaches the collector, the others as ``sgl_probe.timer=host``,
+    and the summary line says the share."""
+    import re
+
+    from sgl_probe.timing import CudaTimer
+    from tests import workload
+    from tests.test_gpu_free_parts import _FakeTorch
+    from tests.workload import Batch, ForwardMode
+
+    monkeypatch.setattr(logging.getLogger("sgl_probe"), "propagate", True)
+    probe = probe_factory({**receiver.env("grpc"), "SGL_PROBE_SUMMARY_S": "0.3"})
+    ft = _FakeTorch()
+    ft.gpu_ms = 1e12  # every event done as soon as it is recorded
+    timer = CudaTimer(ft, probe.recorder.c, every_ns=40 * MS)
+    timer.relax_capture_mode = False
+    probe.recorder.timer = timer
+    sched = workload.Scheduler(None, tp_rank=0)
+    sched.worker.work_s = 0.002
+    with caplog.at_level(logging.INFO, logger="sgl_probe"):
+        for _ in range(120):
+            sched.run_batch(Batch(ForwardMode.DECODE, 2))
+        probe.pipeline.flush(30.0)
+        spans = receiver.wait_for(lambda s: sum(x.name == "sglang.decode" for x in s) >= 120, timeout=30)
+        time.sleep(0.4)
+        sched.run_batch(Batch(ForwardMode.DECODE, 2))  # something in the window, for the line
+        assert _wait(lambda: any("gpu_timed=1/" in r.getMessage() for r in caplog.records), 5)
+    said = {int(m) for r in caplog.records for m in re.findall(r"gpu_timed=1/(\d+)", r.getMessage())}
+    decode = [s for s in spans if s.name == "sglang.decode"]
+    timed = sorted(s.attributes["sglang.step_index"] for s in decode if s.attributes[contract.TIMER] == "cuda")
+    host = [s for s in decode if s.attributes[contract.TIMER] == "host"]
+    assert len(decode) == 120 and len(timed) + len(host) == 120
+    assert said and said <= {4, 8, 16, 32} and timer.gpu_stride in (2, 4, 8, 16, 32)
+    assert 120 // 32 <= len(timed) <= 120 // 4 + 3 and all(i % 4 == 0 for i in timed[3:])  # (the period settles)
+    assert all(contract.START not in s.attributes for s in host)
+
+
+def _wait(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()

@@ -1928,8 +1928,9 @@ def test_a_sampled_timer_records_a_timed_steps_start_event_in_c_as_python_does(h
                     timer.release(tok, end)
                 t += 1_000_000
             t += 1_000_000
-        runs.append((seen, len(ft.records)))
+        runs.append((seen, len(ft.records), timer.gpu_stride))
         timed = sorted({s for s, kind, _ in seen if kind != "host"})
+        assert timer.gpu_stride == 4
         assert timed == [0, 4, 8] and len(leads) == 2
         if runtime:
             assert not any(ev in by_torch for ev in leads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,14 +14,25 @@ from tests.harness.venv import HARNESS_DIR, file_lock
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_built: dict[str, Path] = {}
+
+
 def build_wheel(out_dir: Path | None = None) -> Path:
-    """``pip wheel`` of the checkout (a fresh build each session: the code under test changes)."""
+    """``pip wheel`` of the checkout, once per test session (the code under test does not change
+    within one; ~8 s a build, a dozen modules ask): each call gets its own copy in ``out_dir``."""
     out = Path(out_dir or tempfile.mkdtemp(prefix="sgl-probe-wheel-"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-                   check=True, stdout=subprocess.DEVNULL)
-    wheels = sorted(out.glob("sgl_probe-*.whl"))
-    assert wheels, f"no wheel in {out}"
-    return wheels[-1]
+    out.mkdir(parents=True, exist_ok=True)
+    built = _built.get("wheel")
+    if built is None or not built.exists():
+        where = Path(tempfile.mkdtemp(prefix="sgl-probe-wheel-"))
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(where), str(ROOT)],
+                       check=True, stdout=subprocess.DEVNULL)
+        wheels = sorted(where.glob("sgl_probe-*.whl"))
+        assert wheels, f"no wheel in {where}"
+        built = _built["wheel"] = wheels[-1]
+    copy = out / built.name
+    shutil.copyfile(built, copy)
+    return copy
 
 
 def pip_install(venv: Path, *args: str, constraints: Path | None = None) -> None:

@@ -62,6 +62,13 @@ def sampler_from_env(environ: Mapping[str, str] = os.environ) -> Optional[Sample
     return TraceIdRatioBased(rate)
 
 
+def slow_key(row: tuple) -> Any:
+    """Which running p99 a resolved step's duration joins: its forward mode's, or, for a step the
+    CUDA timer left untimed (host times), one of its own (the C sampler builds the same key)."""
+    mode = row[_MODE]
+    return (TIMER_HOST, mode) if row[_TIMER] == TIMER_HOST else mode
+
+
 class SlowSteps:
     """Running p99 of step durations per forward mode, over the last ``window`` steps of it."""
 
@@ -77,9 +84,7 @@ class SlowSteps:
         """:meth:`is_slow` for a step as the drain resolves it (a plain tuple in ResolvedStep's
         field order; a ResolvedStep is one too)."""
         dur = row[_END] - row[_START]
-        mode = row[_MODE]
-        if row[_TIMER] == TIMER_HOST:  # host times: a p99 of their own, not the GPU-timed steps'
-            mode = (TIMER_HOST, mode)
+        mode = slow_key(row)
         entry = self._seen.get(mode)
         if entry is None:
             entry = self._seen[mode] = [collections.deque(maxlen=self.window), 0, None]
@@ -156,9 +161,7 @@ class StepSampling:
         order): the drain thread decides every step, so no named copy is made of it."""
         c = self.c_state()
         if c is not None:
-            mode = row[_MODE]
-            return c.keep(row[_INDEX], row[_START], row[_END],
-                          (TIMER_HOST, mode) if row[_TIMER] == TIMER_HOST else mode)
+            return c.keep(row[_INDEX], row[_START], row[_END], slow_key(row))
         slow = self.slow.is_slow_row(row)
         try:
             sampled = self._sampled(row[_INDEX])

@@ -158,46 +158,39 @@ class PhaseMetrics:
         if self.failed:
             return
         try:
-            if any(row[_TIMER] == TIMER_HOST for row in rows):
-                # A step the CUDA timer left untimed counts, with its accept lengths; its phases'
-                # host times stay out of the phase histograms, which hold GPU times.
-                self._count_untimed([row for row in rows if row[_TIMER] == TIMER_HOST])
-                rows = [row for row in rows if row[_TIMER] != TIMER_HOST]
             if self._fast_add is not None:  # the same loop in C, for every step the server runs
+                if any(row[_TIMER] == TIMER_HOST for row in rows):
+                    # The C loop histograms every phase it is given: the untimed steps go
+                    # through the Python loop, which counts them without their host times.
+                    self._observe_py([row for row in rows if row[_TIMER] == TIMER_HOST])
+                    rows = [row for row in rows if row[_TIMER] != TIMER_HOST]
                 self._fast_add(rows, _MODE, _PHASES, _PH_AT, self._steps, self._phase, self._new_steps,
                                self._new_hist, self._accept_hist)
                 self._dirty = self._dirty or bool(rows)
-                self.maybe_flush()
-                return
-            steps_of, phase_of = self._steps, self._phase
-            for row in rows:
-                mode = row[_MODE]
-                steps = steps_of.get(mode)
-                if steps is None:
-                    steps = self._new_steps(mode)
-                steps[1] += 1
-                for ph in row[_PHASES]:
+            else:
+                self._observe_py(rows)
+            self.maybe_flush()
+        except Exception as exc:
+            self._fail("observe_rows", exc)
+
+    def _observe_py(self, rows: Sequence[tuple]) -> None:
+        steps_of, phase_of = self._steps, self._phase
+        for row in rows:
+            mode = row[_MODE]
+            steps = steps_of.get(mode)
+            if steps is None:
+                steps = self._new_steps(mode)
+            steps[1] += 1
+            # A step the CUDA timer left untimed counts, with its accept lengths; its phases'
+            # host times stay out of the phase histograms, which hold GPU times.
+            timed = row[_TIMER] != TIMER_HOST
+            for ph in row[_PHASES]:
+                if timed:
                     key = (ph[_PH_PHASE], ph[_PH_MODE], ph[_PH_GRAPH])
                     hist = phase_of.get(key)
                     if hist is None:
                         hist = self._new_hist(key)
                     hist.add((ph[_PH_END] - ph[_PH_START]) / 1e9)
-                    accept = ph[_PH_ACCEPT]
-                    if accept is not None:
-                        self._accept_hist().add(accept)
-                self._dirty = True
-            self.maybe_flush()
-        except Exception as exc:
-            self._fail("observe_rows", exc)
-
-    def _count_untimed(self, rows: list) -> None:
-        for row in rows:
-            mode = row[_MODE]
-            steps = self._steps.get(mode)
-            if steps is None:
-                steps = self._new_steps(mode)
-            steps[1] += 1
-            for ph in row[_PHASES]:
                 accept = ph[_PH_ACCEPT]
                 if accept is not None:
                     self._accept_hist().add(accept)

@@ -209,18 +209,19 @@ def _build(version: str, venv: Path, fingerprint: str) -> None:
     log_file.write_text("")
     _log(f"building {venv} for sglang {version} (log: {log_file})")
     t0 = time.monotonic()
-    _run_logged([BASE_PYTHON, "-m", "venv", str(venv)], log_file, f"{BASE_PYTHON} -m venv")
+    tag = venv.name  # builds of several versions run side by side: their lines say which
+    _run_logged([BASE_PYTHON, "-m", "venv", str(venv)], log_file, f"{tag}: {BASE_PYTHON} -m venv")
     # `python -m pip` rather than bin/pip: no shebang, so a moved HARNESS_DIR still works
     pip = [str(venv_python(venv)), "-m", "pip", "install", "--disable-pip-version-check"]
-    pin, _ = choose_torch(lambda args: _run_logged(pip + args, log_file, f"pip install {args[-1]}"
+    pin, _ = choose_torch(lambda args: _run_logged(pip + args, log_file, f"{tag}: pip install {args[-1]}"
                                                    + (" (PyTorch CPU index)" if TORCH_CPU_INDEX in args else ""),
                                                    check=False))
-    _log(f"  torch: {pin}")
+    _log(f"  {tag}: torch: {pin}")
     constraints = venv / "harness-constraints.txt"
     constraints.write_text(pin + "\n")
     pip += ["-c", str(constraints)]
     for step in _pip_steps(version):
-        _run_logged(pip + step, log_file, f"pip install {' '.join(step[:2])}{' ...' if len(step) > 2 else ''}")
+        _run_logged(pip + step, log_file, f"{tag}: pip install {' '.join(step[:2])}{' ...' if len(step) > 2 else ''}")
     _sync_stubs(venv)
     (venv / COMPLETE_MARKER).write_text(fingerprint + "\n")
     _log(f"built {venv} in {time.monotonic() - t0:.0f}s")

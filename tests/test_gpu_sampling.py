@@ -16,6 +16,7 @@ from sgl_probe.report.aggregate import Aggregator
 from sgl_probe.report.model import Resource, Span
 from sgl_probe.resolved import ResolvedPhase, ResolvedStep
 from sgl_probe.summary import Summary
+from tests.test_export_process import _wait
 from tests.test_probe_inprocess import probe_factory, receiver  # noqa: F401  (fixtures)
 
 VAR = "SGL_PROBE_GPU_EVERY_MS"
@@ -218,12 +219,3 @@ def test_a_probe_with_a_sampled_cuda_timer_exports_every_step_and_says_the_share
     assert said and said <= {4, 8, 16, 32} and timer.gpu_stride in (2, 4, 8, 16, 32)
     assert 120 // 32 <= len(timed) <= 120 // 4 + 3 and all(i % 4 == 0 for i in timed[3:])  # (the period settles)
     assert all(contract.START not in s.attributes for s in host)
-
-
-def _wait(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()

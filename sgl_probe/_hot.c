@@ -31,7 +31,7 @@ static PyObject *s_torch, *s_Tensor, *s__C, *s_TensorBase;
 static PyObject *s_forward_mode, *s_seq_lens, *s_shape, *s_step, *s_decode, *s_DECODE, *s_graph_hook, *s_launch_ns;
 static PyObject *s_perf_counter_ns, *s_cur, *s_enabled, *s_timer, *s_step_count, *s_max_pending, *s_fail, *s_ensure_timer,
     *s_drop, *s_start, *s_stop, *s_close_phase, *s_can_run_cuda_graph, *s_verify, *s_anchor_due, *s_anchor_busy, *s_last_end,
-    *s__fresh, *s__ANCHOR_EVERY_NS, *s__ANCHOR_RETRY_NS, *s_refresh_anchor, *s_lookup_stream, *s_pop,
+    *s__fresh, *s__ANCHOR_EVERY_NS, *s__ANCHOR_RETRY_NS, *s__GPU_RUN, *s_refresh_anchor, *s_lookup_stream, *s_pop,
     *s_first_anchor, *s_append;
 static PyObject *s__c, *s_phases, *s_host1, *s_accept_length, *s_error, *s_phase;
 static PyObject *s_data, *s_bounds, *s_add;
@@ -1630,8 +1630,9 @@ typedef struct {
     /* This timer's entry in the watched timer dicts (timer_call); -1 none yet, -2 none was free. */
     int watch_slot;
     /* The steps' sampling (CudaTimer's class doc, timed_step): gpu_every (0: every step timed),
-       the last step's start and the steps' running period; step_host, the current step is not timed. */
-    long long gpu_every, last_step, period, stride;
+       the last step's start and the steps' running period, the steps timed together (gpu_run, a
+       power of two); step_host, the current step is not timed. */
+    long long gpu_every, last_step, period, stride, gpu_run;
     int step_host;
 } CudaFastObject;
 
@@ -1923,7 +1924,13 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     long long every, retry;
     if (attr_ll(timer, s__ANCHOR_EVERY_NS, &every) < 0 || attr_ll(timer, s__ANCHOR_RETRY_NS, &retry) < 0)
         return NULL;
-    long long gpu_every = 0;
+    long long gpu_every = 0, gpu_run = 1;
+    if (attr_ll(timer, s__GPU_RUN, &gpu_run) < 0)
+        return NULL;
+    if (gpu_run < 1 || gpu_run > (1LL << 20) || (gpu_run & (gpu_run - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "sgl-probe: CudaTimer._GPU_RUN must be a power of two");
+        return NULL;
+    }
     PyObject *every_v = PyDict_GetItemString(state, "_every_ns"); /* borrowed; absent: every step */
     if (every_v != NULL && as_ll(every_v, &gpu_every) < 0)
         return NULL;
@@ -1963,6 +1970,7 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     f->anchor_every = every;
     f->anchor_retry = retry;
     f->gpu_every = gpu_every;
+    f->gpu_run = gpu_run;
     f->last_step = f->period = 0;
     f->stride = 1;
     f->step_host = 0;
@@ -2037,7 +2045,7 @@ done:
 
 /* CudaTimer._timed_step(now_ns, index), the same integer arithmetic: the steps' running period
    (from one step's start to the next, at most gpu_every), k the largest power of two with k such
-   periods within gpu_every, and the step timed where its index is a multiple of k. */
+   periods within gpu_every, and the step timed where its index modulo gpu_run * k is below gpu_run. */
 static int
 timed_step(CudaFastObject *f, long long now_v, PyObject *index)
 {
@@ -2064,7 +2072,8 @@ timed_step(CudaFastObject *f, long long now_v, PyObject *index)
         PyErr_Clear();
         return 1;
     }
-    return (i & (k - 1)) == 0;
+    unsigned long long run = (unsigned long long)f->gpu_run;
+    return (i & (k * run - 1)) < run;
 }
 
 /* CudaTimer.start */
@@ -5285,6 +5294,7 @@ PyInit__hot(void)
     INTERN(s_anchor_busy, "_anchor_busy");
     INTERN(s__fresh, "_fresh");
     INTERN(s__ANCHOR_EVERY_NS, "_ANCHOR_EVERY_NS");
+    INTERN(s__GPU_RUN, "_GPU_RUN");
     INTERN(s__ANCHOR_RETRY_NS, "_ANCHOR_RETRY_NS");
     INTERN(s_last_end, "_last_end");
     INTERN(s_refresh_anchor, "_refresh_anchor");

@@ -281,18 +281,25 @@ class CudaTimer:
     into the pool.
 
     Steps, sampled (``every_ns``, ``SGL_PROBE_GPU_EVERY_MS``): with k the largest power of two
-    such that k steps last at most ``every_ns`` (by the steps' running period), a step is timed on
-    the GPU where its index is a multiple of k (``start``'s ``step``: the index, given at the step's
-    first phase, which decides for the whole step). By index, not by clock, so that every rank of a
-    server times the same steps (its step indexes are the same; ranks whose k differ by a factor
-    of two still share every step the larger k times), as the report's per-step comparisons of
-    ranks need. The other steps' tokens are the host clock (ints, as the CPU timer's), resolved as
+    such that k steps last at most ``every_ns`` (by the steps' running period), the GPU times runs
+    of :attr:`_GPU_RUN` consecutive steps, one run every ``_GPU_RUN`` * k steps: a step is timed
+    where its index modulo ``_GPU_RUN`` * k is below ``_GPU_RUN`` (``start``'s ``step``: the index,
+    given at the step's first phase, which decides for the whole step). One step in k, as one run
+    in k, but a run's steps after its first start from the step before's end event: a run of m
+    steps records m + 1 events for one-phase steps where m lone steps record 2m (on a ~1.6 ms
+    launch-bound step, k = 4: 0.31 records a step instead of 0.5). By index, not by clock, so that
+    every rank of a server times the same steps (its step indexes are the same; ranks whose k
+    differ by a factor of two still share every step the larger k times), as the report's per-step
+    comparisons of ranks need. The other steps' tokens are the host clock (ints, as the CPU timer's), resolved as
     host times under the timer kind ``host``.
     The one record a phase costs on the scheduler thread, and what SGLang's code loses beside it,
     is then paid on one step in k, not on every step of a launch-bound server (on real SGLang
     ~0.5-0.75 % of a ~1.6 ms step; BENCHMARKS.md, h100-23), while a server whose steps are longer
     than half of ``every_ns`` still has every step timed. A timed step that follows an untimed one
     has no previous end in the chain, so its first phase records a start event of its own."""
+
+    #: Consecutive steps timed together when sampling (class doc); a power of two.
+    _GPU_RUN = 4
 
     kind = "cuda"
     host_clock = False
@@ -501,7 +508,7 @@ class CudaTimer:
             while (k << 1) * p <= every:
                 k <<= 1
         self._stride = k
-        return k == 1 or type(index) is not int or index & (k - 1) == 0
+        return k == 1 or type(index) is not int or index & (k * self._GPU_RUN - 1) < self._GPU_RUN
 
     @property
     def gpu_stride(self) -> int:

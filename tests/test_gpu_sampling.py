@@ -177,8 +177,33 @@ def test_every_rank_times_the_same_steps():
         return out
 
     a, b, c = timed(1_600_000, 0), timed(1_700_000, 700_000), timed(1_200_000, 300_000)
-    assert a == b == {i for i in range(20, 400) if i % 4 == 0}
-    assert c == {i for i in range(20, 400) if i % 8 == 0}
+    assert a == b == {i for i in range(20, 400) if i % 16 < 4}
+    assert c == {i for i in range(20, 400) if i % 32 < 4}
+
+
+def test_a_run_of_timed_steps_chains_on_its_own_ends():
+    """The GPU times runs of consecutive steps: the first step of a run records a start event,
+    the run's others start from the step before's end event, so one-phase steps at k = 4 (1.6 ms
+    steps, 10 ms) record 5 events every 16 steps where one step timed in four recorded 8."""
+    from sgl_probe.timing import CudaTimer
+    from tests.test_gpu_free_parts import _FakeTorch
+
+    ft = _FakeTorch()
+    timer = CudaTimer(ft, None, every_ns=10_000_000)
+    timer.relax_capture_mode = False
+    t, leads, timed = 10**12, 0, 0
+    for index in range(48):
+        if index == 16:
+            del ft.records[:]  # (once the period has settled: k is 4 from the second step on)
+            leads = timed = 0
+        token = timer.start(t, index)
+        if type(token) is not int:
+            timed += 1
+            leads += len(token) > 2 and token[2] is not None
+        timer.release(token, timer.stop(token, t + 100_000))
+        t += 1_600_000
+    assert timer.gpu_stride == 4 and (timed, leads) == (8, 2)
+    assert len(ft.records) == 10  # 5 / 16 a step
 
 
 def test_a_probe_with_a_sampled_cuda_timer_exports_every_step_and_says_the_share(probe_factory, receiver, caplog,
@@ -217,5 +242,5 @@ def test_a_probe_with_a_sampled_cuda_timer_exports_every_step_and_says_the_share
     host = [s for s in decode if s.attributes[contract.TIMER] == "host"]
     assert len(decode) == 120 and len(timed) + len(host) == 120
     assert said and said <= {4, 8, 16, 32} and timer.gpu_stride in (2, 4, 8, 16, 32)
-    assert 120 // 32 <= len(timed) <= 120 // 4 + 3 and all(i % 4 == 0 for i in timed[3:])  # (the period settles)
+    assert 120 // 32 <= len(timed) <= 120 // 4 + 3 and all(i % 16 < 4 for i in timed[3:])  # (the period settles)
     assert all(contract.START not in s.attributes for s in host)

@@ -1834,10 +1834,10 @@ def test_anchor_events_go_back_to_the_stock_once_nothing_maps_through_them(hot, 
 
 
 def test_a_sampled_cuda_timer_times_a_step_per_interval_and_resolves_the_others_as_host_times(hot, monkeypatch):
-    """``SGL_PROBE_GPU_EVERY_MS``: the timer times the steps whose index is a multiple of k, the
-    largest power of two with k steps within its interval (every clock read here is 2 ms, a step
-    8-12 ms: with 50 ms, k is 4 once the first step has given the period; the first is timed),
-    the step's first phase deciding for all of them; the others keep
+    """``SGL_PROBE_GPU_EVERY_MS``: the timer times runs of four steps, the steps whose index
+    modulo 4k is below 4, k the largest power of two with k steps within its interval (every clock
+    read here is 2 ms, a step 8-12 ms: with 50 ms, k is 4 once the first step has given the period;
+    the first is timed), the step's first phase deciding for all of them; the others keep
     their host times, under the timer kind ``host``, and cost no event. The C and Python timers
     and drains resolve the same rows (a timed step after an untimed one has a start event of its
     own: its start is the GPU's, not the chain's), and the summary takes only the timed steps."""
@@ -1853,7 +1853,7 @@ def test_a_sampled_cuda_timer_times_a_step_per_interval_and_resolves_the_others_
     timers = [r[7] for r in rows]
     timed = [r for r in rows if r[7] == "cuda"]
     assert set(timers) == {"cuda", "host"}
-    assert [r[0] for r in timed] == [i for i in sorted(r[0] for r in rows) if i % 4 == 0 or i == rows[0][0]]
+    assert [r[0] for r in timed] == [i for i in sorted(r[0] for r in rows) if i % 16 < 4 or i == rows[0][0]]
     for r in rows:
         for ph in r[8]:
             if r[7] == "host":
@@ -1894,8 +1894,9 @@ def test_a_sampled_cuda_timer_packs_and_counts_its_untimed_steps_as_the_rows_pas
 
 def test_a_sampled_timer_records_a_timed_steps_start_event_in_c_as_python_does(hot, monkeypatch):
     """Steps 3 ms apart, two phases each, ``every_ns`` 14 ms: once the steps' period is known (from
-    the second step on) every fourth step by index is timed, its first phase deciding for both,
-    and each timed step after an untimed one records a start event. The
+    the second step on) k is 4 and the runs of four steps whose index modulo 16 is below 4 are
+    timed, a step's first phase deciding for both phases, and the first step of a run after an
+    untimed one records a start event (the run's others start from the step before's end). The
     C timer (torch's calls, or the runtime's with the GIL held) makes the same tokens and records
     as the Python one; through the runtime, no start event goes through torch's record (which
     releases the GIL)."""
@@ -1914,7 +1915,7 @@ def test_a_sampled_timer_records_a_timed_steps_start_event_in_c_as_python_does(h
         record = timer._record
         timer._record = lambda ev, st: by_torch.append(ev) or record(ev, st)
         seen, leads, t = [], [], 10**12
-        for step in range(12):
+        for step in range(24):
             for first in (True, False):
                 tok = timer.start(t, step if first else None)
                 end = timer.stop(tok, t + 500)
@@ -1931,7 +1932,8 @@ def test_a_sampled_timer_records_a_timed_steps_start_event_in_c_as_python_does(h
         runs.append((seen, len(ft.records), timer.gpu_stride))
         timed = sorted({s for s, kind, _ in seen if kind != "host"})
         assert timer.gpu_stride == 4
-        assert timed == [0, 4, 8] and len(leads) == 2
+        assert timed == [0, 1, 2, 3, 16, 17, 18, 19] and len(leads) == 1
+        assert len(ft.records) == 2 * len(timed) + len(leads) + 1  # each phase's end, the lead, the anchor
         if runtime:
             assert not any(ev in by_torch for ev in leads)
     assert runs[0] == runs[1] == runs[2]

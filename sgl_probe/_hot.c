@@ -3653,8 +3653,30 @@ fast_stride_get(CudaFastObject *f, void *closure)
     return PyLong_FromLongLong(f->stride);
 }
 
+static PyObject *
+fast_gpu_run_get(CudaFastObject *f, void *closure)
+{
+    return PyLong_FromLongLong(f->gpu_run);
+}
+
+/* Benchmarks set it (the pause shim's SGL_BENCH_GPU_RUN) to measure runs against lone steps. */
+static int
+fast_gpu_run_set(CudaFastObject *f, PyObject *v, void *closure)
+{
+    long long n;
+    if (v == NULL || as_ll(v, &n) < 0)
+        return v == NULL ? (PyErr_SetString(PyExc_TypeError, "gpu_run cannot be deleted"), -1) : -1;
+    if (n < 1 || n > (1LL << 20) || (n & (n - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "sgl-probe: gpu_run must be a power of two");
+        return -1;
+    }
+    f->gpu_run = n;
+    return 0;
+}
+
 static PyGetSetDef fast_getset[] = {
     {"stride", (getter)fast_stride_get, NULL, "CudaTimer.gpu_stride: one step in this many timed on the GPU", NULL},
+    {"gpu_run", (getter)fast_gpu_run_get, (setter)fast_gpu_run_set, "CudaTimer._GPU_RUN", NULL},
     {"anchor_due", (getter)fast_anchor_due_get, (setter)fast_anchor_due_set, "CudaTimer._anchor_due", NULL},
     {"anchor_busy", (getter)fast_anchor_busy_get, (setter)fast_anchor_busy_set, "CudaTimer._anchor_busy", NULL},
     {"last_end", (getter)fast_kept_get, (setter)fast_kept_set, "CudaTimer._last_end", (void *)KEPT_LAST_END},

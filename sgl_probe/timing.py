@@ -510,6 +510,15 @@ class CudaTimer:
         self._stride = k
         return k == 1 or type(index) is not int or index & (k * self._GPU_RUN - 1) < self._GPU_RUN
 
+    def set_gpu_run(self, steps: int) -> None:
+        """Benchmark switch: time runs of this many consecutive steps (a power of two; 1: each
+        timed step alone, as the release before), to measure what the runs save."""
+        if steps < 1 or steps & (steps - 1):
+            raise ValueError("gpu_run must be a power of two")
+        self._GPU_RUN = steps
+        if self._c is not None:
+            self._c.gpu_run = steps
+
     @property
     def gpu_stride(self) -> int:
         """One step in this many is timed on the GPU now (1: every step; class doc)."""

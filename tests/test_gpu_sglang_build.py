@@ -796,6 +796,7 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
                                              ("selfdrop", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_MAX_PENDING": "1"}),
                                              ("selfgil", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_KEEP_GIL": "1"}),
                                              ("self2ev", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_START_EVENTS": "1"}),
+                                             ("selflone", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_GPU_RUN": "1"}),
                                              ("selfref", {"SGL_BENCH_SELF_TIME": "1"}),
                                              ("selfyield", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_YIELD_US": "50",
                                                             "SGL_BENCH_DRAIN_CHUNK": "4"}),

@@ -241,6 +241,42 @@ def test_start_events_switch_makes_the_timer_record_starts_once_it_exists(shim, 
     assert switched == [1] and timer.start_events is True
 
 
+def test_gpu_run_switch_sets_a_real_timers_runs_in_c_and_python_once_it_exists(shim, monkeypatch, tmp_path):
+    """SGL_BENCH_GPU_RUN=1 (overhead_cross's ``selflone`` kind): the flip that finds the CUDA timer
+    has it time each sampled step alone, its C half as its Python methods; before the timer exists,
+    or without the variable, the runs stay the release's."""
+    from sgl_probe import hotpath
+    from sgl_probe.timing import CudaTimer
+    from tests.test_gpu_free_parts import _FakeTorch
+
+    fast = hotpath.load()
+    timer = CudaTimer(_FakeTorch(), fast, every_ns=10_000_000)
+    step = Hook(Target("step", (), "m", "S.run_batch", "step"))
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=timer)))
+    shim._flip(signal.SIGUSR2, None)
+    assert timer._GPU_RUN == CudaTimer._GPU_RUN == 4
+    monkeypatch.setenv("SGL_BENCH_GPU_RUN", "1")
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=None)))
+    shim._flip(signal.SIGUSR2, None)  # no timer yet: the flip still answers
+    assert (tmp_path / str(os.getpid())).exists()
+    monkeypatch.setattr(activate, "_PROBE", NS(instrumentor=NS(hooks=[step]), recorder=NS(timer=timer)))
+    shim._flip(signal.SIGUSR2, None)
+    assert timer._GPU_RUN == 1 and CudaTimer._GPU_RUN == 4
+    if fast is not None:
+        assert timer._c.gpu_run == 1
+        with pytest.raises(ValueError):
+            timer._c.gpu_run = 3
+    timer.relax_capture_mode = False
+    t, timed = 10**12, []
+    for index in range(48):
+        token = timer.start(t, index)
+        if index >= 16 and type(token) is not int:
+            timed.append(index)
+        timer.release(token, timer.stop(token, t + 100_000))
+        t += 1_600_000
+    assert timed == list(range(16, 48, 4))  # one step in four, alone
+
+
 def test_self_time_times_the_cuda_timers_calls_on_the_scheduler_thread_only(shim, monkeypatch, tmp_path):
     """SGL_BENCH_SELF_TIME=1 also times the CUDA timer's driver-facing calls (instance attributes,
     as CudaTimer sets them), once, from the flip that finds the timer; calls made on another thread

@@ -956,10 +956,12 @@ def ab_judge(windows: dict) -> dict:
 #: exporter processes' span queues hold a second's spans, so each pass drops most (counted): the
 #: kind measures the scheduler, not the export. ``selfall``: as ``self``, every step timed on the
 #: GPU (``SGL_PROBE_GPU_EVERY_MS=0``, the releases before the steps' sampling); ``self`` runs the
-#: release's default (a step timed on the GPU once 10 ms have passed since the last one).
+#: release's default (runs of four consecutive steps timed on the GPU, one run in 4k steps, k steps
+#: within 10 ms). ``selflone``: as ``self``, each sampled step timed alone (the pause shim's
+#: ``SGL_BENCH_GPU_RUN=1``, the release before: one step in k, each with a start event of its own).
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
               "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk",
-              "selfsampled", "selfnodrain", "selfall")
+              "selfsampled", "selfnodrain", "selfall", "selflone")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -987,6 +989,8 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "selfcpu": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-selfcpu"},
             "selfall": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_GPU_EVERY_MS": "0",
                         "OTEL_SERVICE_NAME": "sglang-selfall"},
+            "selflone": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_GPU_RUN": "1",
+                         "OTEL_SERVICE_NAME": "sglang-selflone"},
             "selfdrop": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_MAX_PENDING": "1",
                          "OTEL_SERVICE_NAME": "sglang-selfdrop"},
             "selfgil": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_KEEP_GIL": "1",

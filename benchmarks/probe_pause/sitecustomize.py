@@ -39,6 +39,10 @@ thread set up its read again, so a server measures that read from its first wind
 on, so every phase records a start event as well as its end: two events per phase, to measure
 what the release's one event per phase saves.
 
+``SGL_BENCH_GPU_RUN=N``: once the CUDA timer exists, the shim has it time runs of N consecutive
+steps when it samples them (``CudaTimer.set_gpu_run``; the release: 4; 1 times each sampled step
+alone, as the release before), to measure what the runs save.
+
 ``SGL_BENCH_SELF_TIME=1``: at its first flip the shim times the probe's per-step wrappers from
 inside the process. Each wrapper the probe put on a class gets a timing layer above it and one
 around the SGLang function it calls (the closure cell that holds it), and every flip writes the
@@ -144,6 +148,7 @@ def _flip(signum, frame):
             timer = getattr(getattr(probe, "recorder", None), "timer", None)
             _keep_gil(timer)
             _start_events(timer)
+            _gpu_run(timer)
             _pool_sized(timer)
             _time_wrappers(probe)
             _time_timer_calls(timer)
@@ -187,6 +192,13 @@ def _keep_gil(timer):
     # Each drain thread sets its read up once, in this thread-local: a fresh one makes it do so
     # again with the switch on (meanwhile it reads with torch's, as an unprepared thread does).
     timer._prepared = threading.local()
+
+
+def _gpu_run(timer):
+    n = os.environ.get("SGL_BENCH_GPU_RUN")
+    if not n or timer is None or not hasattr(timer, "set_gpu_run") or getattr(timer, "_GPU_RUN", None) == int(n):
+        return
+    timer.set_gpu_run(int(n))
 
 
 def _start_events(timer):

@@ -2005,38 +2005,24 @@ static int refresh_anchor_runtime(CudaFastObject *f, long long now_v, PyObject *
 static int current_stream_runtime(CudaFastObject *f, PyObject **key_out, PyObject **stream_out, void **handle_out);
 static int torch_record(CudaFastObject *f, PyObject *ev, PyObject *stream);
 static PyObject *pop_event(CudaFastObject *f);
+static int record_runtime(CudaFastObject *f, PyObject **key, PyObject **stream, PyObject **ev, int timed);
 static int runtime_failed(CudaFastObject *f, const char *what, int err);
 
-/* CudaTimer._with_start_event(token) (a timed step after an untimed one), as the phase end records
-   its event: through the runtime with the GIL held (torch's record releases it, and the scheduler
-   thread then waits to get it back from the drain: ~3 µs a step on average where every few steps
-   lead, h100-24); through Python where the runtime calls are off or an event was never recorded. */
+/* CudaTimer._with_start_event(token) (a timed step after an untimed one), recorded as the phase end
+   records its event (record_runtime): torch's record releases the GIL, and the scheduler thread
+   then waits to get it back from the drain: ~3 µs a step on average where every few steps lead,
+   h100-24. Through Python where the runtime calls are off. */
 static PyObject *
 start_event(CudaFastObject *f, PyObject *token)
 {
     if (f->event_record == NULL)
         return PyObject_CallMethodOneArg(f->timer, s__with_start_event, token);
     PyObject *key = NULL, *stream = NULL, *ev = NULL, *r = NULL;
-    void *sh = NULL, *eh = NULL;
-    if (current_stream_runtime(f, &key, &stream, &sh) < 0)
-        goto done;
-    int status = 0, err = f->is_capturing(sh, &status);
-    if (err != 0 || status) { /* a capture, or the check refused: Python's decides (through torch) */
-        r = PyObject_CallMethodOneArg(f->timer, s__with_start_event, token);
-        goto done;
-    }
-    if ((ev = pop_event(f)) == NULL || event_handle(f, ev, 1, &eh) < 0)
-        goto done;
-    if (eh == NULL || (err = f->event_record(eh, sh)) != 0) {
-        if (eh != NULL && runtime_failed(f, "cudaEventRecord", err) < 0)
-            goto done;
-        if (torch_record(f, ev, stream) < 0) /* also an event never recorded: torch creates it */
-            goto done;
-    }
-    r = PyTuple_Pack(3, PyTuple_GET_ITEM(token, 0), PyTuple_GET_ITEM(token, 1), ev);
-    if (r != NULL)
+    int rec = record_runtime(f, &key, &stream, &ev, 0);
+    if (rec == 0) /* a graph is being captured: no event, as _with_start_event */
+        r = Py_NewRef(token);
+    else if (rec > 0 && (r = PyTuple_Pack(3, PyTuple_GET_ITEM(token, 0), PyTuple_GET_ITEM(token, 1), ev)) != NULL)
         PyObject_GC_UnTrack(r); /* as fast_start's token */
-done:
     Py_XDECREF(ev);
     Py_XDECREF(stream);
     Py_XDECREF(key);
@@ -2332,6 +2318,54 @@ pop_event(CudaFastObject *f)
     return ev;
 }
 
+/* A pool event recorded now on the current stream through the runtime, the GIL held: the record
+   sequence a phase end and a timed step's start event share (the stream first: the capture check
+   asks it by its handle). A runtime call that fails hands over to torch's calls for good
+   (runtime_failed). 1 recorded (*key, *stream, *ev: new references), 0 a graph is being captured
+   (nothing recorded, nothing set), -1 error. ``timed``: count it into the phase end's sections. */
+static int
+record_runtime(CudaFastObject *f, PyObject **key, PyObject **stream, PyObject **ev, int timed)
+{
+    SECTION_T0(sec);
+    void *sh = NULL, *eh = NULL;
+    if (current_stream_runtime(f, key, stream, &sh) < 0)
+        return -1;
+    if (timed)
+        SECTION_ADD(stop_stream, sec);
+    int status = 0, err = f->is_capturing(sh, &status), cap = status != 0;
+    if (timed)
+        SECTION_ADD(stop_capture, sec);
+    if (err != 0 && (runtime_failed(f, "cudaStreamIsCapturing", err) < 0 || (cap = torch_capturing(f)) < 0))
+        goto fail;
+    if (cap) {
+        Py_CLEAR(*key);
+        Py_CLEAR(*stream);
+        return 0;
+    }
+    if ((*ev = pop_event(f)) == NULL)
+        goto fail;
+    if (f->event_record != NULL && event_handle(f, *ev, 1, &eh) < 0)
+        goto fail;
+    if (timed)
+        SECTION_ADD(stop_event, sec);
+    if (f->event_record != NULL && eh != NULL) {
+        err = f->event_record(eh, sh);
+        if (timed)
+            SECTION_ADD(stop_record, sec);
+        if (err != 0 && (runtime_failed(f, "cudaEventRecord", err) < 0 || torch_record(f, *ev, *stream) < 0))
+            goto fail;
+    }
+    else if (torch_record(f, *ev, *stream) < 0) { /* also an event never recorded: torch creates it */
+        goto fail;
+    }
+    return 1;
+fail:
+    Py_CLEAR(*ev);
+    Py_CLEAR(*key);
+    Py_CLEAR(*stream);
+    return -1;
+}
+
 /* CudaTimer._refresh_anchor through the runtime, the GIL held throughout: torch's record releases
    it (the drain thread takes it, and the scheduler thread waits to get it back: 20-30 µs a refresh
    measured, h100-3 and h100-4) and a new torch event is created at its first record. The event
@@ -2451,49 +2485,23 @@ fast_stop(CudaFastObject *f, PyObject *const *args, Py_ssize_t nargs)
     if (PyLong_CheckExact(args[0])) /* an untimed step (CudaTimer's class doc): its host clock */
         return Py_NewRef(now);
     PyObject *key = NULL, *stream = NULL, *ev = NULL, *end = NULL;
-    void *stream_handle = NULL;
     if (f->event_record == NULL) {
         int cap = torch_capturing(f);
         if (cap != 0)
             return cap < 0 ? NULL : Py_NewRef(Py_None);
         if (current_stream(f, &key, &stream) < 0)
             return NULL;
+        if ((ev = pop_event(f)) == NULL || torch_record(f, ev, stream) < 0)
+            goto done;
     }
     else {
-        SECTION_T0(sec);
-        /* The stream first: the runtime's capture check asks it by its handle. */
-        if (current_stream_runtime(f, &key, &stream, &stream_handle) < 0)
-            goto done;
-        SECTION_ADD(stop_stream, sec);
-        int status = 0;
-        int err = f->is_capturing(stream_handle, &status);
-        SECTION_ADD(stop_capture, sec);
-        int cap = status != 0;
-        if (err != 0) {
-            if (runtime_failed(f, "cudaStreamIsCapturing", err) < 0 || (cap = torch_capturing(f)) < 0)
-                goto done;
-        }
-        if (cap) {
-            end = Py_NewRef(Py_None);
+        int rec = record_runtime(f, &key, &stream, &ev, 1);
+        if (rec <= 0) {
+            end = rec == 0 ? Py_NewRef(Py_None) : NULL;
             goto done;
         }
     }
     SECTION_T0(sec_ev);
-    if ((ev = pop_event(f)) == NULL)
-        goto done;
-    void *ev_handle = NULL;
-    if (f->event_record != NULL && event_handle(f, ev, 1, &ev_handle) < 0)
-        goto done;
-    SECTION_ADD(stop_event, sec_ev);
-    if (f->event_record != NULL && ev_handle != NULL) {
-        int err = f->event_record(ev_handle, stream_handle);
-        SECTION_ADD(stop_record, sec_ev);
-        if (err != 0 && (runtime_failed(f, "cudaEventRecord", err) < 0 || torch_record(f, ev, stream) < 0))
-            goto done;
-    }
-    else if (torch_record(f, ev, stream) < 0) { /* also an event never recorded: torch creates it */
-        goto done;
-    }
     PyObject *device = PyTuple_GET_ITEM(key, 1);
     PyObject *anchors = f->anchors;
     if (!PyDict_Check(anchors)) {

@@ -759,6 +759,50 @@ def test_a_failing_runtime_call_falls_back_to_torch_once_with_one_line(hot, monk
         assert len([c for c in rt.calls if c[0] == "record"]) == (1 if "fail_record" in fail else 0)
 
 
+def test_a_runs_start_event_records_as_a_phase_end_does_through_the_runtime(hot, monkeypatch, caplog):
+    """A sampled timer's run starts with a start event of its own, recorded through the same
+    sequence as a phase end: through the runtime; where a runtime call fails (the capture check or
+    the record) the runtime's error is cleared, one line says so and torch records it, as every
+    event after it; while a graph is being captured it records nothing."""
+    from sgl_probe import timing
+
+    for fail, capturing in (({}, False), ({"fail_capture": 900}, False), ({"fail_record": 400}, False),
+                            ({}, True)):
+        ft = _FakeTorch()
+        rt = _FakeRuntime(ft)
+        monkeypatch.setattr(timing, "_runtime_entry_points", lambda on_fail: rt.addresses + (on_fail,))
+        timer = CudaTimer(ft, hot, every_ns=10_000_000)
+        timer.relax_capture_mode = False
+        _STREAMS[:] = list(timer._streams.values())
+        t = 10**12
+        for index in range(16):  # k = 4 from the second step: steps 0-3 timed, then host times
+            tok = timer.start(t, index)
+            timer.release(tok, timer.stop(tok, t + 100_000))
+            t += 1_600_000
+        assert timer.gpu_stride == 4 and type(tok) is int and timer.hot_calls == "cuda_runtime"
+        rt.fail_capture, rt.fail_record = fail.get("fail_capture", 0), fail.get("fail_record", 0)
+        ft.capturing = capturing
+        records, runtime_records = len(ft.records), sum(c[0] == "record" for c in rt.calls)
+        with caplog.at_level(logging.WARNING, logger="sgl_probe"):
+            caplog.clear()
+            tok = timer.start(t, 16)  # a run's first step after untimed ones
+        lines = [r.getMessage() for r in caplog.records]
+        if capturing:
+            assert (len(tok) == 2 or tok[2] is None) and len(ft.records) == records and not lines
+            continue
+        assert tok[2] is not None and ft.records[records:] == [(tok[2], ft.current)]
+        if not fail:
+            assert sum(c[0] == "record" for c in rt.calls) == runtime_records + 1 and not lines
+            continue
+        what = "cudaEventRecord" if "fail_record" in fail else "cudaStreamIsCapturing"
+        assert lines == [f"sgl-probe: {what} through the CUDA runtime failed; the hot path uses torch's calls "
+                         "from now on"]
+        assert timer.hot_calls == "torch" and rt.cleared == 1
+        end = timer.stop(tok, t + 100_000)  # by torch from now on
+        assert end[0] is not None and ft.records[-1] == (end[0], ft.current)
+        assert sum(c[0] == "record" for c in rt.calls) == runtime_records + ("fail_record" in fail)
+
+
 def _take_packed(hot, steps, timer, now: int, final: bool, limit: int, rows: list, pk, summary, msgs: list,
                  metrics=None) -> int:
     """``drain.take_ready`` in the packed pass, as the drain loops it: a full message is sent

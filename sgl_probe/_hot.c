@@ -1585,6 +1585,7 @@ typedef int32_t (*current_stream_fn)(int32_t device_index, void **stream);
 
 static int as_ll(PyObject *v, long long *out);
 static int attr_ll(PyObject *obj, PyObject *name, long long *out);
+static int gpu_run_check(long long n);
 
 typedef struct {
     PyObject_HEAD
@@ -1925,12 +1926,8 @@ fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (attr_ll(timer, s__ANCHOR_EVERY_NS, &every) < 0 || attr_ll(timer, s__ANCHOR_RETRY_NS, &retry) < 0)
         return NULL;
     long long gpu_every = 0, gpu_run = 1;
-    if (attr_ll(timer, s__GPU_RUN, &gpu_run) < 0)
+    if (attr_ll(timer, s__GPU_RUN, &gpu_run) < 0 || gpu_run_check(gpu_run) < 0)
         return NULL;
-    if (gpu_run < 1 || gpu_run > (1LL << 20) || (gpu_run & (gpu_run - 1)) != 0) {
-        PyErr_SetString(PyExc_ValueError, "sgl-probe: CudaTimer._GPU_RUN must be a power of two");
-        return NULL;
-    }
     PyObject *every_v = PyDict_GetItemString(state, "_every_ns"); /* borrowed; absent: every step */
     if (every_v != NULL && as_ll(every_v, &gpu_every) < 0)
         return NULL;
@@ -2007,6 +2004,17 @@ static int torch_record(CudaFastObject *f, PyObject *ev, PyObject *stream);
 static PyObject *pop_event(CudaFastObject *f);
 static int record_runtime(CudaFastObject *f, PyObject **key, PyObject **stream, PyObject **ev, int timed);
 static int runtime_failed(CudaFastObject *f, const char *what, int err);
+
+/* CudaTimer._GPU_RUN's rule (timed_step masks the index with it): a power of two. 0, or -1 with
+   ValueError. */
+static int
+gpu_run_check(long long n)
+{
+    if (n >= 1 && n <= (1LL << 20) && (n & (n - 1)) == 0)
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "sgl-probe: CudaTimer._GPU_RUN must be a power of two");
+    return -1;
+}
 
 /* CudaTimer._with_start_event(token) (a timed step after an untimed one), recorded as the phase end
    records its event (record_runtime): torch's record releases the GIL, and the scheduler thread
@@ -3672,12 +3680,12 @@ static int
 fast_gpu_run_set(CudaFastObject *f, PyObject *v, void *closure)
 {
     long long n;
-    if (v == NULL || as_ll(v, &n) < 0)
-        return v == NULL ? (PyErr_SetString(PyExc_TypeError, "gpu_run cannot be deleted"), -1) : -1;
-    if (n < 1 || n > (1LL << 20) || (n & (n - 1)) != 0) {
-        PyErr_SetString(PyExc_ValueError, "sgl-probe: gpu_run must be a power of two");
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "gpu_run cannot be deleted");
         return -1;
     }
+    if (as_ll(v, &n) < 0 || gpu_run_check(n) < 0)
+        return -1;
     f->gpu_run = n;
     return 0;
 }

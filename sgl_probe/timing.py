@@ -286,12 +286,13 @@ class CudaTimer:
     where its index modulo ``_GPU_RUN`` * k is below ``_GPU_RUN`` (``start``'s ``step``: the index,
     given at the step's first phase, which decides for the whole step). One step in k, as one run
     in k, but a run's steps after its first start from the step before's end event: a run of m
-    steps records m + 1 events for one-phase steps where m lone steps record 2m (on a ~1.6 ms
-    launch-bound step, k = 4: 0.31 records a step instead of 0.5). By index, not by clock, so that
-    every rank of a server times the same steps (its step indexes are the same; ranks whose k
-    differ by a factor of two still share every step the larger k times), as the report's per-step
-    comparisons of ranks need. The other steps' tokens are the host clock (ints, as the CPU timer's), resolved as
-    host times under the timer kind ``host``.
+    steps records m + 1 events for one-phase steps where m lone steps record 2m (on a ~1.8 ms
+    launch-bound step, k = 4: 0.32 records a step against 0.51, and ~1 µs a step less of the
+    scheduler thread; BENCHMARKS.md, h100-26). By index, not by clock, so that every rank of a
+    server times the same steps (its step indexes are the same; ranks whose k differ by a factor
+    of two still share every step the larger k times), as the report's per-step comparisons of
+    ranks need. The other steps' tokens are the host clock (ints, as the CPU timer's), resolved
+    as host times under the timer kind ``host``.
     The one record a phase costs on the scheduler thread, and what SGLang's code loses beside it,
     is then paid on one step in k, not on every step of a launch-bound server (on real SGLang
     ~0.5-0.75 % of a ~1.6 ms step; BENCHMARKS.md, h100-23), while a server whose steps are longer

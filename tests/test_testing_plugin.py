@@ -679,8 +679,8 @@ def sglang_setup(tmp_path_factory):
         SGLANG_PYTHON=str(venv / "bin" / "python"), MODEL_PATH=str(model), TP_SIZE="2",
         SERVER_ARGS=shlex.join(CPU_ARGS), SERVER_STARTUP_S="600",
         # the harness's CPU settings (tests/harness/server.py)
-        SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-        SGLANG_CPU_OMP_THREADS_BIND=cpu_bind_spec(2))
+        SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SGLANG_PYSPY_DUMP_BEFORE_CRASH="0",
+        SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0", SGLANG_CPU_OMP_THREADS_BIND=cpu_bind_spec(2))
     return venv, env
 
 

@@ -128,6 +128,10 @@ class SGLangServer:
             SGLANG_USE_CPU_ENGINE="1",  # without it model construction imports vllm
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
+            # stop() signals the whole group: 0.5.23's launcher takes a scheduler's SIGTERM for a
+            # crash and sleeps 5 s before its py-spy / CUDA coredump diagnostics unless both are off
+            SGLANG_PYSPY_DUMP_BEFORE_CRASH="0",
+            SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0",
         )
         if tp > 1:
             full_env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_bind_spec(tp)
@@ -209,7 +213,7 @@ class SGLangServer:
         """Terminate the whole process group; returns the launcher's exit code.
 
         Idempotent. sglang's launcher answers SIGTERM by SIGKILLing its own
-        process tree, so the code is usually -9; stopping takes ~5 s.
+        process tree, so the code is usually -9; stopping takes ~1 s.
         """
         proc = self.proc
         if proc is None:

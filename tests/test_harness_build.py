@@ -1,5 +1,6 @@
 """``python -m tests.harness build``: the SGLang venvs are built side by side, the tiny model after
-all of them, and a failed build fails the command (tests/harness/__main__.py).
+all of them, and a failed build fails the command (tests/harness/__main__.py); the session's wheel
+goes into each venv once (tests/harness/wheel.py).
 
 The builds are recording stand-ins (a real one installs ~2 GB); the real builds run at the start of
 every test session (tests/run.sh)."""
@@ -59,3 +60,23 @@ def test_a_failed_build_fails_the_command_before_the_model(recorded):
     with pytest.raises(RuntimeError, match="pip failed for 0.5.9"):
         harness_main.main(["build", "0.5.9", "0.5.23"])
     assert not [e for e in events if e[0] == "model"]
+
+
+def test_a_wheel_is_installed_into_a_venv_once_per_session(monkeypatch, tmp_path):
+    """install_wheel skips a venv that already has this session's wheel (each module asks), and
+    installs again for another wheel or another venv."""
+    from tests.harness import wheel as harness_wheel
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(harness_wheel, "pip_install",
+                        lambda venv, *args, constraints=None: calls.append((venv.name, args[-1])))
+    monkeypatch.setattr(harness_wheel, "_installed", {})
+    a, b = tmp_path / "venv-a", tmp_path / "venv-b"
+    a.mkdir(), b.mkdir()
+    w1, w2 = tmp_path / "one.whl", tmp_path / "two.whl"
+    w1.write_bytes(b"first build")
+    w2.write_bytes(b"second build")
+    for venv, w in ((a, w1), (a, w1), (b, w1), (a, w2), (a, w2)):
+        harness_wheel.install_wheel(venv, w)
+    assert [(v, Path(w).name) for v, w in calls] == [("venv-a", "one.whl")] * 2 + [("venv-b", "one.whl")] * 2 \
+        + [("venv-a", "two.whl")] * 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -42,12 +43,22 @@ def pip_install(venv: Path, *args: str, constraints: Path | None = None) -> None
     subprocess.run(cmd + list(args), check=True)
 
 
+# venv -> the digest of the wheel this session installed there (~5 s of pip a module otherwise).
+_installed: dict[Path, str] = {}
+
+
 def install_wheel(venv: Path, wheel: Path) -> None:
-    """Into an SGLang harness venv: reinstall sgl-probe only, keep the venv's torch pin."""
+    """Into an SGLang harness venv: reinstall sgl-probe only, keep the venv's torch pin. Once per
+    session and wheel: the modules that ask again get the same build (build_wheel)."""
+    digest = hashlib.sha256(Path(wheel).read_bytes()).hexdigest()
+    key = Path(venv).resolve()
     pins = venv / "harness-constraints.txt"  # holds the CPU torch pin (see venv.py)
     with file_lock(venv.parent / (venv.name + ".lock")):  # test sessions may share the venv
+        if _installed.get(key) == digest:
+            return
         pip_install(venv, "--force-reinstall", "--no-deps", str(wheel))
         pip_install(venv, str(wheel), constraints=pins if pins.exists() else None)
+        _installed[key] = digest
 
 
 def fresh_venv(path: Path, wheel: Path | None) -> Path:

@@ -668,7 +668,7 @@ CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable
 @pytest.fixture(scope="module")
 def sglang_setup(tmp_path_factory):
     from tests.harness.model import ensure_tiny_model
-    from tests.harness.server import cpu_bind_spec
+    from tests.harness.server import CPU_ENV, cpu_bind_spec
     from tests.harness.venv import ensure_venv
     from tests.harness.wheel import build_wheel, install_wheel
 
@@ -678,9 +678,7 @@ def sglang_setup(tmp_path_factory):
     env = clean_env(
         SGLANG_PYTHON=str(venv / "bin" / "python"), MODEL_PATH=str(model), TP_SIZE="2",
         SERVER_ARGS=shlex.join(CPU_ARGS), SERVER_STARTUP_S="600",
-        # the harness's CPU settings (tests/harness/server.py)
-        SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SGLANG_PYSPY_DUMP_BEFORE_CRASH="0",
-        SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0", SGLANG_CPU_OMP_THREADS_BIND=cpu_bind_spec(2))
+        **CPU_ENV, SGLANG_CPU_OMP_THREADS_BIND=cpu_bind_spec(2))  # the harness's CPU settings
     return venv, env
 
 

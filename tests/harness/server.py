@@ -78,6 +78,19 @@ def _pgid_alive(pgid: int) -> bool:
     return False
 
 
+#: The CPU settings every harness server runs with (SGLangServer; tests that launch SGLang their
+#: own way take them too).
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",  # without it model construction imports vllm
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    # stop() signals the whole group: 0.5.23's launcher takes a scheduler's SIGTERM for a crash and
+    # sleeps 5 s before its py-spy / CUDA coredump diagnostics unless both are off
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+}
+
+
 class SGLangServer:
     """A ``sglang.launch_server`` subprocess on CPU with the torch_native backend.
 
@@ -85,10 +98,9 @@ class SGLangServer:
     ``__exit__`` stops) or call ``start()``/``stop()``.
 
     Environment: ``base_env`` (default ``os.environ.copy()``; minus
-    ``SGL_PROBE_HARNESS_DIR``), then the CPU
-    settings (``SGLANG_USE_CPU_ENGINE=1``, offline HF, and for tp > 1
-    ``SGLANG_CPU_OMP_THREADS_BIND``), then ``env`` on top; a ``None`` value in
-    ``env`` removes the variable, so a test may deliberately drop a default.
+    ``SGL_PROBE_HARNESS_DIR``), then the CPU settings (:data:`CPU_ENV`, and for
+    tp > 1 ``SGLANG_CPU_OMP_THREADS_BIND``), then ``env`` on top; a ``None`` value
+    in ``env`` removes the variable, so a test may deliberately drop a default.
 
     Numerics: with the checkpoint's bf16, tp=2 (gloo all-reduce) can pick a
     different greedy token than tp=1 where the random model's top logits
@@ -124,15 +136,7 @@ class SGLangServer:
         # harness-internal; sglang copies every SGL_* variable to SGLANG_* (with
         # a deprecation warning), which would only add noise to worker envs
         full_env.pop("SGL_PROBE_HARNESS_DIR", None)
-        full_env.update(
-            SGLANG_USE_CPU_ENGINE="1",  # without it model construction imports vllm
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            # stop() signals the whole group: 0.5.23's launcher takes a scheduler's SIGTERM for a
-            # crash and sleeps 5 s before its py-spy / CUDA coredump diagnostics unless both are off
-            SGLANG_PYSPY_DUMP_BEFORE_CRASH="0",
-            SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0",
-        )
+        full_env.update(CPU_ENV)
         if tp > 1:
             full_env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_bind_spec(tp)
         for key, value in (env or {}).items():

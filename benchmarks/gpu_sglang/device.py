@@ -961,7 +961,7 @@ def ab_judge(windows: dict) -> dict:
 #: ``SGL_BENCH_GPU_RUN=1``, the release before: one step in k, each with a start event of its own).
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
               "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk",
-              "selfsampled", "selfnodrain", "selfall", "selflone")
+              "selfsampled", "selfnodrain", "selfall", "selflone", "selfnone")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -989,6 +989,8 @@ def ab_env(kind: str, endpoint: str) -> dict:
             "selfcpu": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TIMER": "cpu", "OTEL_SERVICE_NAME": "sglang-selfcpu"},
             "selfall": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_GPU_EVERY_MS": "0",
                         "OTEL_SERVICE_NAME": "sglang-selfall"},
+            # Recording and draining as ``self``, nothing exported: no exporter process.
+            "selfnone": {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TRACE_DIR": ""},
             "selflone": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_GPU_RUN": "1",
                          "OTEL_SERVICE_NAME": "sglang-selflone"},
             "selfdrop": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_MAX_PENDING": "1",

@@ -823,6 +823,17 @@ def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches
     assert env == {k: v for k, v in probe.items() if k != "OTEL_SERVICE_NAME"}
 
 
+def test_selfnone_is_the_none_kind_plus_the_self_timers():
+    """``selfnone`` splits ``self``'s cost: the same recording and drain, nothing exported (no
+    OTLP endpoint, no trace dir), so no exporter process starts."""
+    import device
+
+    env = device.ab_env("selfnone", "127.0.0.1:1")
+    assert env.pop("SGL_BENCH_SELF_TIME") == "1"
+    assert env == device.ab_env("none", "127.0.0.1:1")
+    assert not any(k.startswith("OTEL_EXPORTER_OTLP") for k in env) and env["SGL_PROBE_TRACE_DIR"] == ""
+
+
 def test_overhead_servers_take_the_reference_only_where_its_wheel_is_installed(tmp_path: Path, monkeypatch):
     """The old overhead suite looks its wheels up as every other suite does (``kind_wheel``): the
     probe's is required, the reference's optional."""

@@ -273,6 +273,34 @@ def test_summary_keeps_each_overhead_ab_call_apart_by_tag_with_its_kinds_of_prob
     assert got["r10"]["first_pair_ratio"] == {"ab_probe_0": 0.75}
 
 
+def test_the_draft_is_kept_beside_the_carried_folder_and_put_back(tmp_path: Path):
+    """``--no-draft``: the tiny EAGLE-3 draft (what the speculative suites alone read) moves out
+    of what travels and back in on a build without the flag, never built twice or lost."""
+    carry = tmp_path / "gpu_sglang"
+    draft = carry / "models" / build.DRAFT
+    draft.mkdir(parents=True)
+    (draft / "model.safetensors").write_bytes(b"x" * 1000)
+    before = build.tree_bytes(carry)
+    build.place_draft(carry, travels=False)
+    assert not draft.exists() and build.tree_bytes(carry) == before - 1000
+    assert (tmp_path / "gpu_sglang_drafts" / build.DRAFT / "model.safetensors").read_bytes() == b"x" * 1000
+    build.place_draft(carry, travels=False)  # already aside: nothing moves
+    build.place_draft(carry, travels=True)
+    assert (draft / "model.safetensors").read_bytes() == b"x" * 1000 and build.tree_bytes(carry) == before
+    assert not (tmp_path / "gpu_sglang_drafts" / build.DRAFT).exists()
+
+
+def test_the_correctness_suites_refuse_without_the_draft_before_starting_anything(tmp_path: Path):
+    import device
+
+    (tmp_path / "models" / "tiny-llama4-h256").mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match="--no-draft"):
+        device.suite_full(tmp_path, out, 1)
+    assert not list(out.iterdir())  # no receiver started
+
+
 def test_overhead_ab_refuses_an_unknown_kind_of_probe_server_before_starting_anything(tmp_path: Path):
     import device
 
@@ -574,6 +602,25 @@ def test_pool_judges_the_pairs_of_servers_from_several_calls_as_one(tmp_path: Pa
     got = pool.pool(tmp_path, ["r3_probe:cross", "r2:ab_ref_0"])
     assert got["pairs_by_server"] == {"r3_probe:cross": 1, "r2:ab_ref_0": 1}
     assert got["median_ratio"] == pytest.approx((0.96 + 0.98) / 2)
+
+
+def test_pool_reads_a_gzipped_result_as_the_file_itself(tmp_path: Path):
+    import pool
+
+    cross = [{"a_records": True, "a": 96.0, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 96.0}]
+    with gzip.open(tmp_path / "gpu_sglang_r4_overhead_cross.json.gz", "wt") as f:
+        json.dump({"windows": cross}, f)
+    assert pool.pool(tmp_path, ["r4:cross"])["median_ratio"] == pytest.approx(0.96)
+    with pytest.raises(FileNotFoundError):
+        pool.pool(tmp_path, ["r5:cross"])
+
+
+def test_result_files_over_100_kb_are_kept_gzipped():
+    """What is kept in benchmarks/results stays small enough to travel to the GPU machine with the
+    checkout (64 MiB a call): a large result goes in as ``NAME.gz`` (``gzip -n -9``)."""
+    big = [p.name for p in (ROOT / "benchmarks" / "results").iterdir()
+           if p.suffix != ".gz" and p.stat().st_size > 100 * 1024]
+    assert big == []
 
 
 def test_pool_by_server_interval_carries_the_spread_between_servers():

@@ -12,6 +12,10 @@ Writes ``.carry/gpu_sglang/`` at the repository root (git-ignored):
   32B-class configs (random ``--load-format dummy`` weights) with the tiny model's tokenizer;
 - ``jitcache.tgz`` when a previous run brought SGLang's JIT kernel cache back (saves minutes).
 
+``--no-draft`` keeps the tiny model's EAGLE-3 draft (~6 MiB) beside the folder instead of in it
+(``.carry/gpu_sglang_drafts/``), for calls whose suites decode without it (``overhead*``,
+``seed``); a later build without the flag puts it back.
+
 The benchmark stand-ins (``standins/``) travel with the checkout itself. ``run.sh`` there installs
 all of it under /tmp and runs ``device.py``. Everything that travels must stay under 64 MiB.
 """
@@ -175,6 +179,19 @@ def build_models(dest: Path) -> None:
             shutil.copy2(tiny / f, out / f)
 
 
+#: The one large model only the speculative suites (``correct``) read.
+DRAFT = "tiny-llama4-h256-eagle3"
+
+
+def place_draft(carry: Path, travels: bool) -> None:
+    """Moves the tiny draft into ``carry/models`` (``travels``) or beside ``carry`` (not)."""
+    inside, aside = carry / "models" / DRAFT, carry.parent / f"{carry.name}_drafts" / DRAFT
+    src, dst = (aside, inside) if travels else (inside, aside)
+    if src.is_dir() and not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(src), str(dst))
+
+
 def tree_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
@@ -193,9 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref", help="also carry the wheel of this git ref (probe_ref/), measured beside it")
     ap.add_argument("--section-times", action="store_true",
                     help="the wheels with the C hot path's section timers (the pause shim's self time splits them)")
+    ap.add_argument("--no-draft", action="store_true",
+                    help="leave the tiny EAGLE-3 draft out of what travels (suites without speculative decoding)")
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    place_draft(out, travels=True)  # a full build checks the draft where it builds it
     if not args.probe_only:
         reqs = read_wheel_list()
         (out / "whl").mkdir(exist_ok=True)
@@ -210,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         build_probe_wheel(out / "probe_ref", args.ref, section_times=args.section_times)
     else:
         shutil.rmtree(out / "probe_ref", ignore_errors=True)
+    place_draft(out, travels=not args.no_draft)
     size = travelling_bytes(out)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:12]
     print(json.dumps({"carry": str(out), "probe_wheel": wheel.name, "probe_sha256": digest,

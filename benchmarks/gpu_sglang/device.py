@@ -339,6 +339,9 @@ def profile(srv: Server, name: str, out: Path, steps: int = 60) -> dict:
 
 def correctness_servers(carry: Path, out: Path) -> dict:
     tiny, draft = carry / "models/tiny-llama4-h256", carry / "models/tiny-llama4-h256-eagle3"
+    if not draft.is_dir():
+        raise ValueError(f"{draft} is not in the carried folder (build.py --no-draft left it out): "
+                         "build.py without --no-draft for the correctness suites")
     common = ["--decode-log-interval", "1", "--enable-metrics", "--dtype", "float32"]
     plain = base_args(tiny, mem=0.5, max_bs=8, extra=tuple(common), max_tokens=65536)
     spec = plain + eagle_args(draft)
@@ -632,8 +635,8 @@ def suite_full(carry: Path, out: Path, launches: int, correct: bool = True) -> d
     """Correctness and overhead servers start together (startup is most of a call's time), then
     each is measured alone while the others are stopped (SIGSTOP)."""
     received = str(out / "received.jsonl")
+    corr = correctness_servers(carry, out) if correct else {}  # refuses before anything starts
     rec, endpoint = receiver(received)
-    corr = correctness_servers(carry, out) if correct else {}
     over = overhead_servers(carry, out, launches, endpoint)
     res: dict = {}
     every = [*corr.values(), *over]

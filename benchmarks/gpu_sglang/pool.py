@@ -17,6 +17,7 @@ carries the spread between servers too: the interval to judge a target by.
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import statistics
@@ -27,12 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import analysis  # noqa: E402
 
 
+def load_result(path: Path) -> dict:
+    """A result file, or its gzipped copy (``NAME.json.gz``: how result files over 100 KB are kept)."""
+    if path.exists():
+        return json.loads(path.read_text())
+    with gzip.open(path.with_name(path.name + ".gz"), "rt") as f:
+        return json.load(f)
+
+
 def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
     if server == "cross":
         import device
 
-        return device.cross_ratios(json.loads((results / f"gpu_sglang_{tag}_overhead_cross.json").read_text())["windows"])
-    windows = json.loads((results / f"gpu_sglang_{tag}_overhead_ab.json").read_text())["windows"][server]
+        return device.cross_ratios(load_result(results / f"gpu_sglang_{tag}_overhead_cross.json")["windows"])
+    windows = load_result(results / f"gpu_sglang_{tag}_overhead_ab.json")["windows"][server]
     return analysis.pair_ratios(windows)
 
 

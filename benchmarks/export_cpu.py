@@ -248,11 +248,10 @@ def worker(design: str, steps: int, step_ms: float, busy_us: float = 0.0) -> dic
 
 def breakdown(steps: int) -> dict:
     """Thread CPU per step of each stage, over the same recorded steps (no export threads)."""
-    from google.protobuf import json_format
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     from gpu_common import drain_stage_ns
-    from sgl_probe import config, spans as spans_mod
+    from sgl_probe import config, otlp_json, spans as spans_mod
     from sgl_probe.activate import Probe
     from sgl_probe.resolved import from_row
     from sgl_probe.sinks import make_resource
@@ -289,8 +288,8 @@ def breakdown(steps: int) -> dict:
         encode_spans(built[i:i + 512]).SerializeToString()
     out["otlp_protobuf_encode"] = tt() - t0
     t0 = tt()
-    for i in range(0, len(built), 512):
-        json.dumps(json_format.MessageToDict(encode_spans(built[i:i + 512])))
+    for i in range(0, len(built), 512):  # as the trace dir's writer does, its own encoding included
+        json.dumps(otlp_json.message_to_dict(encode_spans(built[i:i + 512])), separators=(",", ":"))
     out["trace_dir_json"] = tt() - t0
     result = {k: v / steps * 1e6 for k, v in out.items()}
     result["scheduler_wait_during_one_drain"] = _gil_hold(probe, sched, batch, steps)

@@ -151,10 +151,12 @@ def test_thread_use_tells_a_sleeping_main_thread_from_a_busy_other_thread():
         b, t1 = control.thread_times(proc.pid), time.monotonic()
         assert proc.pid in a and len(b) >= 2
         got = control.thread_use(a, b, proc.pid, t1 - t0)
-        # Under the GIL the napping main thread gets little CPU; the burner gets most of a core.
+        # Under the GIL the napping main thread gets little CPU; the burner most of what the
+        # process gets (on a loaded machine that may be well under a core: compared, not fixed).
         assert got["main_cpu"] < 0.5 and got["main_asleep"] > 0.2
         assert got["main_vcsw_per_s"] > 50
-        assert got["busiest_other_cpu"] > 0.5 and got["others_cpu"] >= got["busiest_other_cpu"]
+        assert got["busiest_other_cpu"] > max(0.1, 2 * got["main_cpu"])
+        assert got["others_cpu"] >= got["busiest_other_cpu"]
     finally:
         proc.kill()
         proc.wait()

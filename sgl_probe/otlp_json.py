@@ -1,22 +1,26 @@
-"""OTLP/JSON of a protobuf message the OpenTelemetry SDK encoded (``encode_spans``), for the trace dir.
+"""OTLP/JSON text of a protobuf message the OpenTelemetry SDK encoded (``encode_spans``), for the trace dir.
 
-The SDK builds the OTLP message; this only writes it as JSON, with protobuf's JSON mapping exactly
-as ``json_format.MessageToDict`` applies it (camelCase names, 64-bit integers as strings, enums by
-name, unset fields left out) and OTLP/JSON's one exception: trace and span ids in hex, not base64.
-Why not ``MessageToDict``: it inspects every field of every message for options this format never
-uses, ~85-110 µs per probe span on a CPU where the SDK's encoding costs ~70 and ``json.dumps``
-~30, so the trace dir tripled the exporter process's CPU. Here each message type's fields are
-looked up once and attributes that repeat between spans are converted once (~25 µs per span,
-``benchmarks/trace_dir_cost.py``). A message this cannot write (a field kind OTLP's trace messages
-do not have) falls back to ``MessageToDict``. ``tests/test_otlp_json.py`` checks equality with it
-over every field kind.
+The SDK builds the OTLP message; this only writes it as JSON: exactly the text
+``json.dumps(json_format.MessageToDict(msg), separators=(",", ":"))`` gives (camelCase names,
+64-bit integers as strings, enums by name, unset fields left out), with OTLP/JSON's one exception:
+trace and span ids in hex, not base64.
+Why not ``MessageToDict`` and ``json.dumps``: the first inspects every field of every message for
+options this format never uses (~85-110 µs per probe span on a CPU where the SDK's encoding costs
+~70), and the second walks the dicts it built again (~30). Here each message type's fields are
+looked up once, each value is written as text straight away, and attributes that repeat between
+spans (the timer, the target, the ranks, the phase) are written once and kept as text
+(``benchmarks/trace_dir_cost.py``). A message this cannot write (a field kind OTLP's trace
+messages do not have) falls back to ``MessageToDict``. ``tests/test_otlp_json.py`` checks the text
+against protobuf's over every field kind.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import math
-from typing import Any, Callable, Optional
+from json.encoder import encode_basestring_ascii as _string  # what json.dumps quotes strings with
+from typing import Any, Callable
 
 from google.protobuf.descriptor import FieldDescriptor as FD
 
@@ -26,32 +30,45 @@ HEX_FIELDS = frozenset(("trace_id", "span_id", "parent_span_id"))
 _HEX_JSON = frozenset(("traceId", "spanId", "parentSpanId"))  # the same, as MessageToDict names them
 
 _INT64 = frozenset((FD.TYPE_INT64, FD.TYPE_UINT64, FD.TYPE_SINT64, FD.TYPE_FIXED64, FD.TYPE_SFIXED64))
+_INT32 = frozenset((FD.TYPE_INT32, FD.TYPE_UINT32, FD.TYPE_SINT32, FD.TYPE_FIXED32, FD.TYPE_SFIXED32))
 
 
-def _float(v: float) -> Any:
+def _double(v: float) -> str:
     if math.isnan(v):
-        return "NaN"
+        return '"NaN"'
     if math.isinf(v):
-        return "Infinity" if v > 0 else "-Infinity"
-    return v
+        return '"Infinity"' if v > 0 else '"-Infinity"'
+    return float.__repr__(v)  # as json.dumps writes a float
+
+
+def _int64(v: int) -> str:
+    return '"%d"' % v
+
+
+def _int(v: int) -> str:
+    return "%d" % v
+
+
+def _bool(v: bool) -> str:
+    return "true" if v else "false"
 
 
 def _b64(v: bytes) -> str:
-    return base64.b64encode(v).decode("utf-8")
+    return '"' + base64.b64encode(v).decode("ascii") + '"'
 
 
 def _hex(v: bytes) -> str:
-    return v.hex()
+    return '"' + v.hex() + '"'
 
 
 _plans: dict = {}  # message descriptor -> _Plan
 
 
 class _Plan:
-    """One message type's fields: by number, ``(json name, converter or None, repeated)`` (None:
-    the value is its own JSON); ``oneof``: the name of the oneof that is the whole message
-    (OTLP's ``AnyValue``, every attribute's value), read with one ``WhichOneof`` instead of
-    ``ListFields``, with its fields by name in ``by_name``."""
+    """One message type's fields: by number, ``(the JSON name with its colon, writer, repeated)``;
+    ``oneof``: the name of the oneof that is the whole message (OTLP's ``AnyValue``, every
+    attribute's value), read with one ``WhichOneof`` instead of ``ListFields``, with its fields by
+    name in ``by_name``."""
 
     __slots__ = ("by_number", "by_name", "oneof")
 
@@ -61,28 +78,33 @@ class _Plan:
                 raise TypeError("map fields are not part of OTLP's trace messages: %s" % fd.full_name)
         if desc.full_name.startswith("google.protobuf."):
             raise TypeError("well-known types are not part of OTLP's trace messages: %s" % desc.full_name)
-        self.by_number = {fd.number: (fd.json_name, _converter(fd), _repeated(fd)) for fd in desc.fields}
+        self.by_number = {fd.number: (_string(fd.json_name) + ":", _writer(fd), _repeated(fd)) for fd in desc.fields}
         self.by_name = {fd.name: self.by_number[fd.number] for fd in desc.fields}
         whole = len(desc.oneofs) == 1 and desc.fields and len(desc.oneofs[0].fields) == len(desc.fields)
         self.oneof = desc.oneofs[0].name if whole else None
 
 
-def _converter(fd: FD) -> Optional[Callable[[Any], Any]]:
+def _writer(fd: FD) -> Callable[[Any], str]:
     t = fd.type
     if t == FD.TYPE_MESSAGE:
-        return to_dict
+        return to_json
     if t in _INT64:
-        return str
+        return _int64
+    if t in _INT32:
+        return _int
     if t == FD.TYPE_DOUBLE:
-        return _float
-    if t == FD.TYPE_FLOAT:  # protobuf rounds these to their shortest repr: not worth copying
-        raise TypeError("float fields are not part of OTLP's trace messages: %s" % fd.full_name)
+        return _double
+    if t == FD.TYPE_BOOL:
+        return _bool
+    if t == FD.TYPE_STRING:
+        return _string
     if t == FD.TYPE_BYTES:
         return _hex if fd.name in HEX_FIELDS else _b64
     if t == FD.TYPE_ENUM:
-        by_number = fd.enum_type.values_by_number
-        return lambda v: by_number[v].name if v in by_number else v
-    return None  # bool, string, 32-bit integers
+        names = {n: _string(v.name) for n, v in fd.enum_type.values_by_number.items()}
+        return lambda v: names.get(v) or _int(v)
+    # float: protobuf rounds these to their shortest repr, not worth copying
+    raise TypeError("%s fields are not part of OTLP's trace messages: %s" % (t, fd.full_name))
 
 
 def _repeated(fd: FD) -> bool:
@@ -90,66 +112,57 @@ def _repeated(fd: FD) -> bool:
     return bool(got) if got is not None else fd.label == FD.LABEL_REPEATED
 
 
-#: Attributes repeat from span to span (the timer, the target, the ranks, the phase): their JSON
-#: is kept by their serialized bytes, which protobuf makes in C. Shared, never mutated: the
-#: result is only dumped.
+#: Attributes repeat from span to span: their JSON is kept by their serialized bytes, which
+#: protobuf makes in C.
 _CACHED = "opentelemetry.proto.common.v1.KeyValue"
 _CACHE_MAX = 4096
 _cache: dict = {}
 
 
-def _cached(msg: Any) -> dict:
+def to_json(msg: Any) -> str:
+    """``msg`` as ``json.dumps(MessageToDict(msg), separators=(",", ":"))`` writes it, with
+    ``HEX_FIELDS`` in hex. TypeError for a message OTLP's trace messages do not contain."""
+    desc = msg.DESCRIPTOR
+    if desc.full_name != _CACHED:
+        return _write(msg, desc)
     key = msg.SerializeToString()
     got = _cache.get(key)
     if got is None:
         if len(_cache) >= _CACHE_MAX:
             _cache.clear()
-        got = _cache[key] = _convert(msg)
+        got = _cache[key] = _write(msg, desc)
     return got
 
 
-def to_dict(msg: Any) -> dict:
-    """``msg`` as ``MessageToDict(msg)`` gives it, with ``HEX_FIELDS`` in hex."""
-    if msg.DESCRIPTOR.full_name == _CACHED:
-        return _cached(msg)
-    return _convert(msg)
-
-
-def _convert(msg: Any) -> dict:
-    desc = msg.DESCRIPTOR
+def _write(msg: Any, desc: Any) -> str:
     plan = _plans.get(desc)
     if plan is None:
         plan = _plans[desc] = _Plan(desc)
     if plan.oneof is not None:
         field = msg.WhichOneof(plan.oneof)
         if field is None:
-            return {}
-        name, conv, repeated = plan.by_name[field]
+            return "{}"
+        name, write, repeated = plan.by_name[field]
         value = getattr(msg, field)
-        if conv is None:
-            return {name: list(value) if repeated else value}
-        return {name: [conv(v) for v in value] if repeated else conv(value)}
+        return "{" + name + ("[" + ",".join(map(write, value)) + "]" if repeated else write(value)) + "}"
     by_number = plan.by_number
-    out = {}
+    parts = []
     for fd, value in msg.ListFields():
-        name, conv, repeated = by_number[fd.number]
-        if conv is None:
-            out[name] = list(value) if repeated else value
-        else:
-            out[name] = [conv(v) for v in value] if repeated else conv(value)
-    return out
+        name, write, repeated = by_number[fd.number]
+        parts.append(name + ("[" + ",".join(map(write, value)) + "]" if repeated else write(value)))
+    return "{" + ",".join(parts) + "}"
 
 
-def message_to_dict(msg: Any) -> dict:
-    """``to_dict``, or protobuf's own ``MessageToDict`` (ids made hex) where ``to_dict`` refuses."""
+def message_to_json(msg: Any) -> str:
+    """``to_json``, or protobuf's own ``MessageToDict`` (ids made hex) dumped where ``to_json`` refuses."""
     try:
-        return to_dict(msg)
+        return to_json(msg)
     except TypeError:
         from google.protobuf import json_format
 
         out = json_format.MessageToDict(msg)
         _hex_ids(out)
-        return out
+        return json.dumps(out, separators=(",", ":"))
 
 
 def _hex_ids(node: Any) -> None:
@@ -162,4 +175,3 @@ def _hex_ids(node: Any) -> None:
     elif isinstance(node, list):
         for value in node:
             _hex_ids(value)
-

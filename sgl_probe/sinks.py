@@ -17,7 +17,6 @@ spans at once, more than the queue holds on a fast server, and that burst is no 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -70,8 +69,7 @@ class JsonLinesExporter(SpanExporter):
 
         from sgl_probe import otlp_json
 
-        msg = otlp_json.message_to_dict(encode_spans(spans))
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8")
+        data = (otlp_json.message_to_json(encode_spans(spans)) + "\n").encode("utf-8")
         with self._lock:
             try:
                 self._append(data)

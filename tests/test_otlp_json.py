@@ -1,4 +1,4 @@
-"""The trace dir's OTLP/JSON (sgl_probe.otlp_json) against protobuf's own MessageToDict."""
+"""The trace dir's OTLP/JSON (sgl_probe.otlp_json) against protobuf's own MessageToDict, dumped."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ def reference(msg) -> dict:
     return fix(json_format.MessageToDict(msg))
 
 
+def dumped(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
 def spans_of_every_kind() -> list:
     spans = []
     for service in ("a", "b"):  # two resources in one batch
@@ -59,8 +63,10 @@ def spans_of_every_kind() -> list:
 
 def test_spans_of_every_kind_come_out_as_message_to_dict_writes_them_with_hex_ids():
     msg = encode_spans(spans_of_every_kind())
-    got = otlp_json.to_dict(msg)
-    assert got == reference(msg)
+    text = otlp_json.to_json(msg)
+    assert text == dumped(reference(msg))  # the same text, byte for byte: names, order, numbers
+    assert otlp_json.to_json(msg) == text  # again, its attributes from the cache
+    got = json.loads(text)
     # The comparison means something: ids hex, 64-bit integers strings, enums names, NaN spelled out.
     span = next(sp for sp in got["resourceSpans"][0]["scopeSpans"][0]["spans"] if sp["name"] == "root")
     assert span["droppedAttributesCount"] == 2 and "old1" not in str(span["attributes"])
@@ -76,8 +82,14 @@ def test_values_the_probe_does_not_send_but_otlp_allows_match_too():
         KeyValue(key="b", value=AnyValue(bytes_value=b"\x00\xff")),
         KeyValue(key="arr", value=AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=5), AnyValue()]))),
         KeyValue(key="unset")]))
-    assert otlp_json.to_dict(value) == json_format.MessageToDict(value)
-    assert otlp_json.to_dict(AnyValue()) == {} == json_format.MessageToDict(AnyValue())
+    assert otlp_json.to_json(value) == dumped(json_format.MessageToDict(value))
+    assert otlp_json.to_json(AnyValue()) == "{}" == dumped(json_format.MessageToDict(AnyValue()))
+    odd = AnyValue(string_value='é "quoted" \\ \n\u2028 ☃')  # escapes as json.dumps writes them
+    assert otlp_json.to_json(odd) == dumped(json_format.MessageToDict(odd))
+    for x in (-0.0, 1e-300, 1e300, 0.1 + 0.2, 2.0**53 + 1):
+        assert otlp_json.to_json(AnyValue(double_value=x)) == dumped(json_format.MessageToDict(AnyValue(double_value=x)))
+    for n in (-(2**63), 2**63 - 1):
+        assert otlp_json.to_json(AnyValue(int_value=n)) == dumped(json_format.MessageToDict(AnyValue(int_value=n)))
 
 
 def test_a_message_it_cannot_write_falls_back_to_protobufs_own_mapping():
@@ -86,8 +98,8 @@ def test_a_message_it_cannot_write_falls_back_to_protobufs_own_mapping():
     msg = struct_pb2.Struct()
     msg.update({"traceId": base64.b64encode(b"\x01\x02").decode(), "n": 1})
     with pytest.raises(TypeError):
-        otlp_json.to_dict(msg)
-    assert otlp_json.message_to_dict(msg) == {"traceId": "0102", "n": 1.0}
+        otlp_json.to_json(msg)
+    assert json.loads(otlp_json.message_to_json(msg)) == {"traceId": "0102", "n": 1.0}
 
 
 def test_the_trace_file_holds_the_same_json(tmp_path):
@@ -95,7 +107,7 @@ def test_the_trace_file_holds_the_same_json(tmp_path):
     path = tmp_path / "t.jsonl"
     JsonLinesExporter(str(path)).export(spans)
     line = path.read_text().splitlines()[0]
-    assert json.loads(line) == json.loads(json.dumps(reference(encode_spans(spans))))
+    assert line == dumped(reference(encode_spans(spans)))
 
 
 def test_the_server_process_side_of_the_export_does_not_import_protobuf():

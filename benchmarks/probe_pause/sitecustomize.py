@@ -195,10 +195,12 @@ def _keep_gil(timer):
 
 
 def _gpu_run(timer):
-    n = os.environ.get("SGL_BENCH_GPU_RUN")
-    if not n or timer is None or not hasattr(timer, "set_gpu_run") or getattr(timer, "_GPU_RUN", None) == int(n):
+    raw = os.environ.get("SGL_BENCH_GPU_RUN")
+    if not raw or timer is None or not hasattr(timer, "set_gpu_run"):
         return
-    timer.set_gpu_run(int(n))
+    n = int(raw)
+    if getattr(timer, "_GPU_RUN", None) != n:
+        timer.set_gpu_run(n)
 
 
 def _start_events(timer):

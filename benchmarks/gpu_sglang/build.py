@@ -179,7 +179,7 @@ def build_models(dest: Path) -> None:
             shutil.copy2(tiny / f, out / f)
 
 
-#: The one large model only the speculative suites (``correct``) read.
+#: The one large model only the speculative suites (``correct``, ``full``) read.
 DRAFT = "tiny-llama4-h256-eagle3"
 
 

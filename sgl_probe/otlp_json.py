@@ -103,8 +103,8 @@ def _writer(fd: FD) -> Callable[[Any], str]:
     if t == FD.TYPE_ENUM:
         names = {n: _string(v.name) for n, v in fd.enum_type.values_by_number.items()}
         return lambda v: names.get(v) or _int(v)
-    # float: protobuf rounds these to their shortest repr, not worth copying
-    raise TypeError("%s fields are not part of OTLP's trace messages: %s" % (t, fd.full_name))
+    # float (protobuf rounds these to their shortest repr: not worth copying), groups
+    raise TypeError("fields of type %d are not part of OTLP's trace messages: %s" % (t, fd.full_name))
 
 
 def _repeated(fd: FD) -> bool:

@@ -154,15 +154,20 @@ def _write(msg: Any, desc: Any) -> str:
 
 
 def message_to_json(msg: Any) -> str:
-    """``to_json``, or protobuf's own ``MessageToDict`` (ids made hex) dumped where ``to_json`` refuses."""
+    """``to_json``, or :func:`via_message_to_dict` where ``to_json`` refuses."""
     try:
         return to_json(msg)
     except TypeError:
-        from google.protobuf import json_format
+        return via_message_to_dict(msg)
 
-        out = json_format.MessageToDict(msg)
-        _hex_ids(out)
-        return json.dumps(out, separators=(",", ":"))
+
+def via_message_to_dict(msg: Any) -> str:
+    """The same text the slow way: protobuf's own ``MessageToDict``, the ids made hex, dumped."""
+    from google.protobuf import json_format
+
+    out = json_format.MessageToDict(msg)
+    _hex_ids(out)
+    return json.dumps(out, separators=(",", ":"))
 
 
 def _hex_ids(node: Any) -> None:

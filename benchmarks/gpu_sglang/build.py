@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    place_draft(out, travels=True)  # a full build checks the draft where it builds it
     if not args.probe_only:
+        place_draft(out, travels=True)  # a full build checks the draft where it builds it
         reqs = read_wheel_list()
         (out / "whl").mkdir(exist_ok=True)
         pip_download(missing_wheels(reqs, out / "whl"), out / "whl")

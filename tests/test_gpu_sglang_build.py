@@ -615,6 +615,27 @@ def test_pool_reads_a_gzipped_result_as_the_file_itself(tmp_path: Path):
         pool.pool(tmp_path, ["r5:cross"])
 
 
+def test_pool_takes_the_estimators_bias_out_with_each_calls_control(tmp_path: Path):
+    """Calls whose control (neither server records) reads 0.99 too: the recording pairs' 0.97 is
+    0.98 over the control, and a call without a control leaves that out."""
+    import pool
+
+    def pair(x: float) -> list:  # one pair of windows whose cross ratio is x
+        return [{"a_records": True, "a": 100.0 * x * x, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 100.0}]
+
+    for tag, rec, ctrl in (("r6", (0.97, 0.96, 0.98), (0.99, 0.98, 1.0)), ("r7", (0.97, 0.97), (0.99, 0.99))):
+        body = {"windows": sum((pair(x) for x in rec), []),
+                "control": {"windows": sum((pair(x) for x in ctrl), [])}}
+        (tmp_path / f"gpu_sglang_{tag}_overhead_cross.json").write_text(json.dumps(body))
+    got = pool.pool(tmp_path, ["r6:cross", "r7:cross"])
+    assert got["median_ratio"] == pytest.approx(0.97)
+    assert got["control"]["median_ratio"] == pytest.approx(0.99) and got["control"]["pairs"] == 5
+    assert got["over_control"]["median_ratio"] == pytest.approx(0.97 / 0.99)
+    assert pool.pool(tmp_path, ["r6:control"])["median_ratio"] == pytest.approx(0.99)
+    (tmp_path / "gpu_sglang_r8_overhead_cross.json").write_text(json.dumps({"windows": pair(0.95)}))
+    assert "over_control" not in pool.pool(tmp_path, ["r6:cross", "r8:cross"])
+
+
 def test_result_files_over_100_kb_are_kept_gzipped():
     """What is kept in benchmarks/results stays small enough to travel to the GPU machine with the
     checkout (64 MiB a call): a large result goes in as ``NAME.gz`` (``gzip -n -9``)."""

@@ -9,6 +9,11 @@ servers running the same in-process code are pooled across calls::
 ``TAG:cross`` takes an overhead_cross call's cross pairs instead (``r37_probe:cross`` reads
 ``gpu_sglang_r37_probe_overhead_cross.json``): kinds measured on different server pairs, whose
 medians differ by more than one call's interval even for the same code (run h200-14).
+``TAG:control`` takes the pairs of that call's control (``--control-pairs``: neither server
+records, the windows labelled as if they flipped). Where every pick is ``cross`` and each call
+has a control, the output adds the controls pooled (``control``: the estimator's own bias) and
+``over_control``: the recording pairs' median over the control pairs' median, resampling both,
+which takes out a bias the estimator has on those hosts.
 
 ``ci95`` resamples pairs as if every pair were independent; ``ci95_by_server`` resamples the
 picks first (each a server or a server pair, with its own speed), then pairs within each, so it
@@ -37,10 +42,13 @@ def load_result(path: Path) -> dict:
 
 
 def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
-    if server == "cross":
+    if server in ("cross", "control"):
         import device
 
-        return device.cross_ratios(load_result(results / f"gpu_sglang_{tag}_overhead_cross.json")["windows"])
+        res = load_result(results / f"gpu_sglang_{tag}_overhead_cross.json")
+        if server == "control":
+            res = res.get("control") or {}
+        return device.cross_ratios(res.get("windows") or [])
     windows = load_result(results / f"gpu_sglang_{tag}_overhead_ab.json")["windows"][server]
     return analysis.pair_ratios(windows)
 
@@ -51,8 +59,16 @@ def pool(results: Path, picks: list[str]) -> dict:
     every = [r for g in groups.values() for r in g]
     out = analysis.bootstrap_ratio([1.0] * len(every), every)
     out.pop("launches", None)
-    return {**out, "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
-            "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
+    out = {**out, "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
+           "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
+    if all(pick.endswith(":cross") for pick in picks):
+        controls = [pair_ratios(results, pick.partition(":")[0], "control") for pick in picks]
+        if all(controls):
+            pooled = [r for g in controls for r in g]
+            out["control"] = {**analysis.bootstrap_ratio([1.0] * len(pooled), pooled), "pairs": len(pooled)}
+            out["control"].pop("launches", None)
+            out["over_control"] = analysis.bootstrap_ratio(pooled, every)
+    return out
 
 
 def by_server_ci(groups: list[list[float]], n: int = 4000, seed: int = 0) -> list[float] | None:

@@ -680,6 +680,12 @@ def test_cross_estimator_cancels_what_slows_both_servers_and_each_servers_own_sp
     assert v["cross"]["ci95"] == pytest.approx([0.98, 0.98])
     lo, hi = v["one_server_a"]["ci95"]
     assert hi - lo > 0.1  # the wander, which one server's pairs cannot tell from the probe
+    assert "over_control" not in v
+    # a control whose estimator leans to 0.99 on this host: the probe's own share is 0.98 / 0.99
+    lean = [dict(w, a=w["a"] / (0.98 if w["a_records"] else 1.0) * (0.99 if w["a_records"] else 1.0),
+                 b=w["b"] / (1.0 if w["a_records"] else 0.98) * (1.0 if w["a_records"] else 0.99)) for w in rates]
+    v = device.cross_judge({"windows": rates, "control": {"windows": lean}})
+    assert v["over_control"]["median_ratio"] == pytest.approx(0.98 / 0.99)
 
 
 def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):

@@ -1181,10 +1181,15 @@ def cross_ratios(rates: list) -> list[float]:
 
 def cross_judge(res: dict) -> dict:
     """The cross estimator, and each server's own recording/paused pairs from the same windows
-    (what a one-server A/B would have read) for comparison of spread."""
+    (what a one-server A/B would have read) for comparison of spread. Where the call ran a
+    control, ``over_control``: the cross pairs' median over the control pairs', resampling both,
+    which takes out what the estimator reads with nothing recorded on that host."""
     rates = res.get("windows") or []
     r = cross_ratios(rates)
     out: dict = {"cross": dict(analysis.bootstrap_ratio([1.0] * len(r), r), pairs=len(r)) if r else None}
+    control = cross_ratios((res.get("control") or {}).get("windows") or [])
+    if r and control:
+        out["over_control"] = analysis.bootstrap_ratio(control, r)
     for side, records in (("a", True), ("b", False)):
         own = []
         for x, y in cross_pairs(rates):

@@ -113,7 +113,7 @@ def fold_overhead_cross(res: dict) -> dict:
     out = {"export": res.get("export", "probe"), "tokens": res.get("tokens", 128),
            "recording_over_paused": v.get("cross"),
            "one_server": {side: v.get(f"one_server_{side}") for side in ("a", "b")},
-           "control": (v.get("control") or {}).get("cross"),
+           "control": (v.get("control") or {}).get("cross"), "over_control": v.get("over_control"),
            "received_spans": _probe_names(v.get("received_spans")),
            "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}
     if (res.get("first_pair") or {}).get("ratio") is not None:  # warm-up, not judged (h200-14 on)

@@ -688,6 +688,18 @@ def test_cross_estimator_cancels_what_slows_both_servers_and_each_servers_own_sp
     assert v["over_control"]["median_ratio"] == pytest.approx(0.98 / 0.99)
 
 
+def test_summary_judges_a_stored_calls_pairs_over_its_control():
+    """A call stored before calls judged ``over_control`` still gets it in the summary, from its windows."""
+    import summarize
+
+    def pair(x: float) -> list:
+        return [{"a_records": True, "a": 100.0 * x * x, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 100.0}]
+
+    res = {"windows": pair(0.97) + pair(0.98), "control": {"windows": pair(0.99) + pair(0.99)}, "verdict": {}}
+    assert summarize.fold_overhead_cross(res)["over_control"]["median_ratio"] == pytest.approx(0.975 / 0.99)
+    assert summarize.fold_overhead_cross({"windows": pair(0.97), "verdict": {}})["over_control"] is None
+
+
 def test_summary_keeps_each_overhead_cross_call_by_tag(tmp_path: Path):
     import summarize
 

@@ -1179,17 +1179,25 @@ def cross_ratios(rates: list) -> list[float]:
     return out
 
 
+def over_control(res: dict) -> Optional[dict]:
+    """The cross pairs' median over the control pairs' (``res["control"]``), resampling both,
+    which takes out what the estimator reads with nothing recorded on that host; None without
+    both."""
+    r = cross_ratios(res.get("windows") or [])
+    control = cross_ratios((res.get("control") or {}).get("windows") or [])
+    return analysis.bootstrap_ratio(control, r) if r and control else None
+
+
 def cross_judge(res: dict) -> dict:
     """The cross estimator, and each server's own recording/paused pairs from the same windows
-    (what a one-server A/B would have read) for comparison of spread. Where the call ran a
-    control, ``over_control``: the cross pairs' median over the control pairs', resampling both,
-    which takes out what the estimator reads with nothing recorded on that host."""
+    (what a one-server A/B would have read) for comparison of spread; :func:`over_control` where
+    the call ran a control."""
     rates = res.get("windows") or []
     r = cross_ratios(rates)
     out: dict = {"cross": dict(analysis.bootstrap_ratio([1.0] * len(r), r), pairs=len(r)) if r else None}
-    control = cross_ratios((res.get("control") or {}).get("windows") or [])
-    if r and control:
-        out["over_control"] = analysis.bootstrap_ratio(control, r)
+    judged = over_control(res)
+    if judged is not None:
+        out["over_control"] = judged
     for side, records in (("a", True), ("b", False)):
         own = []
         for x, y in cross_pairs(rates):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # device, imported where it is needed
 from probe_pause import control as pause  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,6 @@ def merge_seed_overheads(parts: list[dict]) -> dict | None:
     judged together as one alternation."""
     if len(parts) <= 1:
         return parts[0] if parts else None
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import device
 
     raw = {k: v for p in parts for k, v in p.get("raw", {}).items()}
@@ -112,10 +112,9 @@ def fold_overhead_cross(res: dict) -> dict:
     v = res.get("verdict", {})
     over_control = v.get("over_control")
     if over_control is None and res.get("control"):  # a call judged before calls judged it (h100-29)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         import device
 
-        over_control = device.cross_judge(res).get("over_control")
+        over_control = device.over_control(res)
     out = {"export": res.get("export", "probe"), "tokens": res.get("tokens", 128),
            "recording_over_paused": v.get("cross"),
            "one_server": {side: v.get(f"one_server_{side}") for side in ("a", "b")},

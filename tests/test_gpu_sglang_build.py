@@ -617,7 +617,8 @@ def test_pool_reads_a_gzipped_result_as_the_file_itself(tmp_path: Path):
 
 def test_pool_takes_the_estimators_bias_out_with_each_calls_control(tmp_path: Path):
     """Calls whose control (neither server records) reads 0.99 too: the recording pairs' 0.97 is
-    0.98 over the control, and a call without a control leaves that out."""
+    0.98 over the control; a call without a control (a warm call on the same machine) borrows the
+    others', and calls with none have no control to divide by."""
     import pool
 
     def pair(x: float) -> list:  # one pair of windows whose cross ratio is x
@@ -630,10 +631,14 @@ def test_pool_takes_the_estimators_bias_out_with_each_calls_control(tmp_path: Pa
     got = pool.pool(tmp_path, ["r6:cross", "r7:cross"])
     assert got["median_ratio"] == pytest.approx(0.97)
     assert got["control"]["median_ratio"] == pytest.approx(0.99) and got["control"]["pairs"] == 5
+    assert got["control"]["control_from"] == ["r6:cross", "r7:cross"]
     assert got["over_control"]["median_ratio"] == pytest.approx(0.97 / 0.99)
     assert pool.pool(tmp_path, ["r6:control"])["median_ratio"] == pytest.approx(0.99)
-    (tmp_path / "gpu_sglang_r8_overhead_cross.json").write_text(json.dumps({"windows": pair(0.95)}))
-    assert "over_control" not in pool.pool(tmp_path, ["r6:cross", "r8:cross"])
+    (tmp_path / "gpu_sglang_r8_overhead_cross.json").write_text(json.dumps({"windows": sum((pair(x) for x in (0.95, 0.95, 0.95)), [])}))
+    got = pool.pool(tmp_path, ["r7:cross", "r8:cross"])  # r8's three pairs over r7's control
+    assert got["pairs"] == 5 and got["control"]["pairs"] == 2 and got["control"]["control_from"] == ["r7:cross"]
+    assert got["over_control"]["median_ratio"] == pytest.approx(0.95 / 0.99)
+    assert "over_control" not in pool.pool(tmp_path, ["r8:cross"])
 
 
 def test_result_files_over_100_kb_are_kept_gzipped():

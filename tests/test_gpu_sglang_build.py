@@ -615,14 +615,16 @@ def test_pool_reads_a_gzipped_result_as_the_file_itself(tmp_path: Path):
         pool.pool(tmp_path, ["r5:cross"])
 
 
+def pair(x: float) -> list:
+    """One overhead_cross pair of windows whose cross ratio is ``x``."""
+    return [{"a_records": True, "a": 100.0 * x * x, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 100.0}]
+
+
 def test_pool_takes_the_estimators_bias_out_with_each_calls_control(tmp_path: Path):
     """Calls whose control (neither server records) reads 0.99 too: the recording pairs' 0.97 is
     0.98 over the control; a call without a control (a warm call on the same machine) borrows the
     others', and calls with none have no control to divide by."""
     import pool
-
-    def pair(x: float) -> list:  # one pair of windows whose cross ratio is x
-        return [{"a_records": True, "a": 100.0 * x * x, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 100.0}]
 
     for tag, rec, ctrl in (("r6", (0.97, 0.96, 0.98), (0.99, 0.98, 1.0)), ("r7", (0.97, 0.97), (0.99, 0.99))):
         body = {"windows": sum((pair(x) for x in rec), []),
@@ -696,9 +698,6 @@ def test_cross_estimator_cancels_what_slows_both_servers_and_each_servers_own_sp
 def test_summary_judges_a_stored_calls_pairs_over_its_control():
     """A call stored before calls judged ``over_control`` still gets it in the summary, from its windows."""
     import summarize
-
-    def pair(x: float) -> list:
-        return [{"a_records": True, "a": 100.0 * x * x, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 100.0}]
 
     res = {"windows": pair(0.97) + pair(0.98), "control": {"windows": pair(0.99) + pair(0.99)}, "verdict": {}}
     assert summarize.fold_overhead_cross(res)["over_control"]["median_ratio"] == pytest.approx(0.975 / 0.99)

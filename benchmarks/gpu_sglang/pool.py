@@ -59,18 +59,23 @@ def pool(results: Path, picks: list[str]) -> dict:
     """``picks``: ``TAG:SERVER`` entries (e.g. ``r27:ab_probe_0``)."""
     groups = {pick: pair_ratios(results, *pick.partition(":")[::2]) for pick in picks}
     every = [r for g in groups.values() for r in g]
-    out = analysis.bootstrap_ratio([1.0] * len(every), every)
-    out.pop("launches", None)
-    out = {**out, "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
+    out = {**median_of(every), "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
            "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
     if all(pick.endswith(":cross") for pick in picks):
         controls = {pick: pair_ratios(results, pick.partition(":")[0], "control") for pick in picks}
         pooled = [r for g in controls.values() for r in g]
         if pooled:
-            out["control"] = {**analysis.bootstrap_ratio([1.0] * len(pooled), pooled), "pairs": len(pooled),
+            out["control"] = {**median_of(pooled), "pairs": len(pooled),
                               "control_from": [pick for pick, g in controls.items() if g]}
-            out["control"].pop("launches", None)
             out["over_control"] = analysis.bootstrap_ratio(pooled, every)
+    return out
+
+
+def median_of(ratios: list[float]) -> dict:
+    """The pairs' median ratio and its 95 % bootstrap interval (``analysis.bootstrap_ratio`` against
+    ones, without its launch counts: these are pairs)."""
+    out = analysis.bootstrap_ratio([1.0] * len(ratios), ratios)
+    out.pop("launches", None)
     return out
 
 

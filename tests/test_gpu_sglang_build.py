@@ -887,6 +887,7 @@ def test_a_server_imports_the_probe_from_its_own_wheel_folder_not_the_checkout(t
                                              ("selfgil", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_KEEP_GIL": "1"}),
                                              ("self2ev", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_START_EVENTS": "1"}),
                                              ("selflone", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_GPU_RUN": "1"}),
+                                             ("selfsparse", {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_GPU_EVERY_MS": "40"}),
                                              ("selfref", {"SGL_BENCH_SELF_TIME": "1"}),
                                              ("selfyield", {"SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_DRAIN_YIELD_US": "50",
                                                             "SGL_BENCH_DRAIN_CHUNK": "4"}),
@@ -907,6 +908,7 @@ def test_the_shims_kinds_are_the_probe_kind_plus_the_shims_switch(kind, switches
     monkeypatch.delenv("GPU_BENCH_DRAIN_S", raising=False)
     monkeypatch.delenv("GPU_BENCH_NODRAIN_S", raising=False)
     monkeypatch.delenv("GPU_BENCH_SAMPLE_RATE", raising=False)
+    monkeypatch.delenv("GPU_BENCH_EVERY_MS", raising=False)
 
     probe, env = device.ab_env("probe", "127.0.0.1:1"), device.ab_env(kind, "127.0.0.1:1")
     assert {k: env.pop(k) for k in switches} == switches and env.pop("OTEL_SERVICE_NAME") == f"sglang-{kind}"

@@ -962,9 +962,13 @@ def ab_judge(windows: dict) -> dict:
 #: release's default (runs of four consecutive steps timed on the GPU, one run in 4k steps, k steps
 #: within 10 ms). ``selflone``: as ``self``, each sampled step timed alone (the pause shim's
 #: ``SGL_BENCH_GPU_RUN=1``, the release before: one step in k, each with a start event of its own).
+#: ``selfsparse``: as ``self``, the GPU timing a sparser sample, ``SGL_PROBE_GPU_EVERY_MS`` =
+#: ``GPU_BENCH_EVERY_MS`` (40 unless set; the release: 10): at ~2 ms steps one run of four in 64
+#: steps instead of 16, ~0.08 GPU records a step against ~0.33, i.e. what the timer's remaining
+#: CUDA calls cost the launch-bound server, and what a user trading GPU times for throughput gets.
 AB_EXPORTS = ("probe", "otlp", "none", "cputimer", "ref", "hog", "drop", "gil", "self", "selfcpu",
               "selfdrop", "selfgil", "self2ev", "selfref", "selfyield", "selfbatch", "selfdrain", "selfchunk",
-              "selfsampled", "selfnodrain", "selfall", "selflone", "selfnone")
+              "selfsampled", "selfnodrain", "selfall", "selflone", "selfnone", "selfsparse")
 
 
 def kind_wheel(kind: str) -> Optional[str]:
@@ -994,6 +998,9 @@ def ab_env(kind: str, endpoint: str) -> dict:
                         "OTEL_SERVICE_NAME": "sglang-selfall"},
             # Recording and draining as ``self``, nothing exported: no exporter process.
             "selfnone": {"SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_TRACE_DIR": ""},
+            "selfsparse": {**otlp, "SGL_BENCH_SELF_TIME": "1",
+                           "SGL_PROBE_GPU_EVERY_MS": os.environ.get("GPU_BENCH_EVERY_MS", "40"),
+                           "OTEL_SERVICE_NAME": "sglang-selfsparse"},
             "selflone": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_BENCH_GPU_RUN": "1",
                          "OTEL_SERVICE_NAME": "sglang-selflone"},
             "selfdrop": {**otlp, "SGL_BENCH_SELF_TIME": "1", "SGL_PROBE_MAX_PENDING": "1",

@@ -206,6 +206,32 @@ def test_a_run_of_timed_steps_chains_on_its_own_ends():
     assert len(ft.records) == 10  # 5 / 16 a step
 
 
+@pytest.mark.parametrize("period_ns, every_ns, stride, records", [
+    (5_100_000, 10_000_000, 1, 64),   # longer than half the setting: every step timed
+    (5_000_000, 10_000_000, 2, 40),   # two steps fit: runs of four in eight, 5 records a run
+    (2_000_000, 10_000_000, 4, 20),   # the release on the tiny server: 5 every 16 steps
+    (2_000_000, 40_000_000, 16, 5),   # overhead_cross's ``selfsparse``: 5 every 64 steps
+])
+def test_the_stride_and_the_records_follow_the_setting(period_ns, every_ns, stride, records):
+    """What README and docs/gpu.md say of ``SGL_PROBE_GPU_EVERY_MS``: steps longer than half of it
+    are all timed; shorter ones in runs of four, one run every 4k steps, each run one start event
+    plus one end per step (one-phase steps, 64 of them once the period has settled; the clock
+    anchor's event every 100 ms comes on top)."""
+    from sgl_probe.timing import CudaTimer
+    from tests.test_gpu_free_parts import _FakeTorch
+
+    timer = CudaTimer(_FakeTorch(), None, every_ns=every_ns)
+    timer.relax_capture_mode = False
+    t, got = 10**12, 0
+    for index in range(128):
+        token = timer.start(t, index)
+        if index >= 64 and type(token) is not int:  # (the period settled long before)
+            got += 1 + (len(token) > 2 and token[2] is not None)  # its end, and a run's start event
+        timer.release(token, timer.stop(token, t + 100_000))
+        t += period_ns
+    assert timer.gpu_stride == stride and got == records
+
+
 def test_a_probe_with_a_sampled_cuda_timer_exports_every_step_and_says_the_share(probe_factory, receiver, caplog,
                                                                                    monkeypatch):
     """End to end, the probe's pipeline over a stand-in GPU (``_FakeTorch``: events complete at

@@ -23,9 +23,12 @@ T = TypeVar("T")
 class Config:
     enabled: bool = True
     timer: str = "auto"  # auto | cuda | cpu
-    # The CUDA timer times a step's phases on the GPU when this long has passed since the last
-    # step it timed began (0: every step); the steps between keep host times (timer "host").
-    gpu_every_ms: float = 10.0
+    # The CUDA timer times about one step per this many ms on the GPU (runs of four steps, see
+    # timing.CudaTimer; 0: every step); the steps between keep host times (timer "host"). 40 rather
+    # than 10: on a launch-bound server (~2.6 ms steps) the timer's calls took ~5 µs of the
+    # scheduler thread per step at 10 and ~1.4 at 40 (BENCHMARKS.md, h100-32); steps longer than
+    # 20 ms are still all timed, 10-20 ms steps half of them.
+    gpu_every_ms: float = 40.0
     hotpath: str = "auto"  # auto | c | python (sgl_probe.hotpath)
     trace_dir: str | None = None
     summary_s: float = 30.0

@@ -25,7 +25,7 @@ MS = 1_000_000
 
 # --- config ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("env,want", [({}, 10.0), ({VAR: "0"}, 0.0), ({VAR: "2.5"}, 2.5)])
+@pytest.mark.parametrize("env,want", [({}, 40.0), ({VAR: "0"}, 0.0), ({VAR: "2.5"}, 2.5)])
 def test_gpu_every_ms_accepted_values(env, want):
     cfg = config.load(env)
     assert cfg.gpu_every_ms == want and cfg.problems == ()
@@ -36,7 +36,7 @@ def test_gpu_every_ms_bad_value_gives_one_line_and_the_default(value, caplog):
     with caplog.at_level(logging.WARNING, logger="sgl_probe"):
         logging.getLogger("sgl_probe").propagate = True
         cfg = config.load({VAR: value})
-    assert cfg.gpu_every_ms == 10.0
+    assert cfg.gpu_every_ms == 40.0
     assert len(cfg.problems) == 1
     line = cfg.problems[0]
     assert VAR in line and repr(value) in line and "milliseconds >= 0" in line, line
@@ -209,8 +209,12 @@ def test_a_run_of_timed_steps_chains_on_its_own_ends():
 @pytest.mark.parametrize("period_ns, every_ns, stride, records", [
     (5_100_000, 10_000_000, 1, 64),   # longer than half the setting: every step timed
     (5_000_000, 10_000_000, 2, 40),   # two steps fit: runs of four in eight, 5 records a run
-    (2_000_000, 10_000_000, 4, 20),   # the release on the tiny server: 5 every 16 steps
-    (2_000_000, 40_000_000, 16, 5),   # overhead_cross's ``selfsparse``: 5 every 64 steps
+    (2_000_000, 10_000_000, 4, 20),   # the default up to h100-32 on the tiny server: 5 every 16 steps
+    (2_000_000, 40_000_000, 16, 5),   # the default since (and ``selfsparse``): 5 every 64 steps
+    (2_600_000, 10_000_000, 2, 40),   # h100-32's ~2.6 ms steps: every other step at 10 ms,
+    (2_600_000, 40_000_000, 8, 10),   # one in eight at 40 ms
+    (12_000_000, 40_000_000, 2, 40),  # a 12 ms decode step (Kimi-K2.5's): half of them at 40 ms
+    (20_100_000, 40_000_000, 1, 64),  # longer than half of 40 ms: every step
 ])
 def test_the_stride_and_the_records_follow_the_setting(period_ns, every_ns, stride, records):
     """What README and docs/gpu.md say of ``SGL_PROBE_GPU_EVERY_MS``: steps longer than half of it
@@ -230,6 +234,21 @@ def test_the_stride_and_the_records_follow_the_setting(period_ns, every_ns, stri
         timer.release(token, timer.stop(token, t + 100_000))
         t += period_ns
     assert timer.gpu_stride == stride and got == records
+
+
+def test_the_readme_states_the_default_the_config_has():
+    """README's configuration row for ``SGL_PROBE_GPU_EVERY_MS`` gives the default and the step
+    length above which every step is timed (half of it): both as the code has them, so that a
+    change of the default cannot leave the table behind."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `{VAR}` |"))
+    default, half = re.fullmatch(r"\| `\w+` \| `([\d.]+)` \|.*?Steps longer than half of it \(([\d.]+) ms\).*",
+                                 row).groups()
+    want = config.Config().gpu_every_ms
+    assert float(default) == want and float(half) == want / 2
 
 
 def test_a_probe_with_a_sampled_cuda_timer_exports_every_step_and_says_the_share(probe_factory, receiver, caplog,

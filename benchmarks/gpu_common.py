@@ -231,7 +231,7 @@ def env_override(values: dict) -> Iterator[None]:
 
 #: For what measures or checks the CUDA timer step by step (accuracy, per-call cost, capture
 #: safety, host syncs): every step timed on the GPU. The loops run the release's default, which
-#: times about one step per 40 ms on the GPU (10 ms up to h100-31) (``SGL_PROBE_GPU_EVERY_MS``).
+#: times about one step per 40 ms on the GPU (``SGL_PROBE_GPU_EVERY_MS``; 10 ms in runs 51-54).
 EVERY_STEP = {"SGL_PROBE_GPU_EVERY_MS": "0"}
 
 

@@ -960,8 +960,9 @@ def ab_judge(windows: dict) -> dict:
 #: kind measures the scheduler, not the export. ``selfall``: as ``self``, every step timed on the
 #: GPU (``SGL_PROBE_GPU_EVERY_MS=0``, the releases before the steps' sampling); ``self`` runs the
 #: release's default (runs of four consecutive steps timed on the GPU, one run in 4k steps, k steps
-#: within 40 ms; within 10 ms in the wheels up to h100-32's). ``selflone``: as ``self``, each sampled step timed alone (the pause shim's
-#: ``SGL_BENCH_GPU_RUN=1``, the release before: one step in k, each with a start event of its own).
+#: within 40 ms; within 10 ms in the wheels up to h100-32's). ``selflone``: as ``self``, each
+#: sampled step timed alone (the pause shim's ``SGL_BENCH_GPU_RUN=1``, the release before: one
+#: step in k, each with a start event of its own).
 #: ``selfsparse``: as ``self``, the GPU timing a sparser sample, ``SGL_PROBE_GPU_EVERY_MS`` =
 #: ``GPU_BENCH_EVERY_MS`` (40 unless set): at ~2 ms steps one run of four in 64 steps instead of
 #: 16 at 10 ms, ~0.08 GPU records a step against ~0.33. Run h100-32 (wheels whose default was 10)

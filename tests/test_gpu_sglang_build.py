@@ -643,6 +643,31 @@ def test_pool_takes_the_estimators_bias_out_with_each_calls_control(tmp_path: Pa
     assert "over_control" not in pool.pool(tmp_path, ["r8:cross"])
 
 
+def test_pool_over_compares_two_settings_measured_in_the_same_calls(tmp_path: Path, monkeypatch, capsys):
+    """Two kinds of one call, each on its own server pair (h100-32's 40 ms beside 10 ms): ``over``
+    is one's median pair over the other's, its interval resampling both; the picks' own pooled
+    numbers stay as without ``--over``. From the command line: the same, and a bare ``--over``
+    refused with the usage text."""
+    import pool
+
+    for tag, ratios in (("r9_sparse", (1.00, 1.01, 0.99, 1.00)), ("r9_self", (0.98, 0.97, 0.99))):
+        body = {"windows": sum((pair(x) for x in ratios), [])}
+        (tmp_path / f"gpu_sglang_{tag}_overhead_cross.json").write_text(json.dumps(body))
+    got = pool.pool(tmp_path, ["r9_sparse:cross"], over=["r9_self:cross"])
+    assert got["median_ratio"] == pytest.approx(1.00) and got["pairs"] == 4
+    assert got["over"]["median_ratio"] == pytest.approx(1.00 / 0.98) and got["over"]["pairs"] == [4, 3]
+    lo, hi = got["over"]["ci95"]
+    assert lo <= 1.00 / 0.98 <= hi and lo > 1.0  # (the sparse pairs 0.99-1.01, the self ones 0.97-0.99)
+    assert got["over"]["picks"] == ["r9_self:cross"]
+    assert "over" not in pool.pool(tmp_path, ["r9_sparse:cross"])
+    monkeypatch.setattr(sys, "argv", ["pool.py", str(tmp_path), "r9_sparse:cross", "--over", "r9_self:cross"])
+    pool.main()
+    assert json.loads(capsys.readouterr().out)["over"]["median_ratio"] == pytest.approx(1.00 / 0.98)
+    monkeypatch.setattr(sys, "argv", ["pool.py", str(tmp_path), "r9_sparse:cross", "--over"])
+    with pytest.raises(SystemExit):
+        pool.main()
+
+
 def test_result_files_over_100_kb_are_kept_gzipped():
     """What is kept in benchmarks/results stays small enough to travel to the GPU machine with the
     checkout (64 MiB a call): a large result goes in as ``NAME.gz`` (``gzip -n -9``)."""

@@ -17,6 +17,14 @@ the control pairs' median, resampling both, which takes out a bias the estimator
 A call without a control borrows the others': pick one machine's calls, the control run in the
 first and the warm calls after it spent on recording pairs alone (~40 a call instead of ~22).
 
+``--over PICK...`` after the picks compares two settings measured in the same calls, each on its
+own server pair (``r128_selfsparse:cross ... --over r128_self:cross ...``): ``over`` is the picks'
+median pair ratio over the others', resampling both (the two kinds' pairs interleave in time on
+one host, so what the host does to both divides out)::
+
+    python3 benchmarks/gpu_sglang/pool.py benchmarks/results r128_selfsparse:cross r129_selfsparse:cross \
+        --over r128_self:cross r129_self:cross
+
 ``ci95`` resamples pairs as if every pair were independent; ``ci95_by_server`` resamples the
 picks first (each a server or a server pair, with its own speed), then pairs within each, so it
 carries the spread between servers too: the interval to judge a target by.
@@ -55,10 +63,17 @@ def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
     return analysis.pair_ratios(windows)
 
 
-def pool(results: Path, picks: list[str]) -> dict:
-    """``picks``: ``TAG:SERVER`` entries (e.g. ``r27:ab_probe_0``)."""
+def pool(results: Path, picks: list[str], over: list[str] | None = None) -> dict:
+    """``picks``: ``TAG:SERVER`` entries (e.g. ``r27:ab_probe_0``); ``over``: picks to compare them
+    with (``over`` in the output, see the module's text)."""
     groups = {pick: pair_ratios(results, *pick.partition(":")[::2]) for pick in picks}
     every = [r for g in groups.values() for r in g]
+    if over:
+        others = [r for pick in over for r in pair_ratios(results, *pick.partition(":")[::2])]
+        compared = analysis.bootstrap_ratio(others, every)
+        compared["pairs"] = [len(every), len(others)]
+        compared.pop("launches", None)
+        return {**pool(results, picks), "over": dict(compared, picks=list(over))}
     out = {**median_of(every), "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
            "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
     if all(pick.endswith(":cross") for pick in picks):
@@ -90,9 +105,12 @@ def by_server_ci(groups: list[list[float]], n: int = 4000, seed: int = 0) -> lis
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
+    args = sys.argv[2:]
+    cut = args.index("--over") if "--over" in args else len(args)
+    picks, over = args[:cut], args[cut + 1:] if cut < len(args) else None
+    if len(sys.argv) < 3 or not picks or over == []:
         sys.exit(__doc__)
-    print(json.dumps(pool(Path(sys.argv[1]), sys.argv[2:]), indent=1))
+    print(json.dumps(pool(Path(sys.argv[1]), picks, over), indent=1))
 
 
 if __name__ == "__main__":

@@ -66,14 +66,8 @@ def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
 def pool(results: Path, picks: list[str], over: list[str] | None = None) -> dict:
     """``picks``: ``TAG:SERVER`` entries (e.g. ``r27:ab_probe_0``); ``over``: picks to compare them
     with (``over`` in the output, see the module's text)."""
-    groups = {pick: pair_ratios(results, *pick.partition(":")[::2]) for pick in picks}
+    groups = {pick: pick_ratios(results, pick) for pick in picks}
     every = [r for g in groups.values() for r in g]
-    if over:
-        others = [r for pick in over for r in pair_ratios(results, *pick.partition(":")[::2])]
-        compared = analysis.bootstrap_ratio(others, every)
-        compared["pairs"] = [len(every), len(others)]
-        compared.pop("launches", None)
-        return {**pool(results, picks), "over": dict(compared, picks=list(over))}
     out = {**median_of(every), "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
            "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
     if all(pick.endswith(":cross") for pick in picks):
@@ -83,7 +77,17 @@ def pool(results: Path, picks: list[str], over: list[str] | None = None) -> dict
             out["control"] = {**median_of(pooled), "pairs": len(pooled),
                               "control_from": [pick for pick, g in controls.items() if g]}
             out["over_control"] = analysis.bootstrap_ratio(pooled, every)
+    if over:
+        others = [r for pick in over for r in pick_ratios(results, pick)]
+        compared = analysis.bootstrap_ratio(others, every)
+        compared.pop("launches", None)
+        out["over"] = dict(compared, pairs=[len(every), len(others)], picks=list(over))
     return out
+
+
+def pick_ratios(results: Path, pick: str) -> list[float]:
+    """The pair ratios of one ``TAG:SERVER`` pick."""
+    return pair_ratios(results, *pick.partition(":")[::2])
 
 
 def median_of(ratios: list[float]) -> dict:

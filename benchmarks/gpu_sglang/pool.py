@@ -32,6 +32,7 @@ carries the spread between servers too: the interval to judge a target by.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
@@ -51,11 +52,17 @@ def load_result(path: Path) -> dict:
         return json.load(f)
 
 
+@functools.lru_cache(maxsize=None)
+def cross_result(results: Path, tag: str) -> dict:
+    """One overhead_cross call's result, read once where both its pairs and its control are used."""
+    return load_result(results / f"gpu_sglang_{tag}_overhead_cross.json")
+
+
 def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
     if server in ("cross", "control"):
         import device
 
-        res = load_result(results / f"gpu_sglang_{tag}_overhead_cross.json")
+        res = cross_result(results, tag)
         if server == "control":
             res = res.get("control") or {}
         return device.cross_ratios(res.get("windows") or [])

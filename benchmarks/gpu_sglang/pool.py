@@ -86,9 +86,7 @@ def pool(results: Path, picks: list[str], over: list[str] | None = None) -> dict
             out["over_control"] = analysis.bootstrap_ratio(pooled, every)
     if over:
         others = [r for pick in over for r in pick_ratios(results, pick)]
-        compared = analysis.bootstrap_ratio(others, every)
-        compared.pop("launches", None)
-        out["over"] = dict(compared, pairs=[len(every), len(others)], picks=list(over))
+        out["over"] = dict(pairs_over(others, every), pairs=[len(every), len(others)], picks=list(over))
     return out
 
 
@@ -98,9 +96,14 @@ def pick_ratios(results: Path, pick: str) -> list[float]:
 
 
 def median_of(ratios: list[float]) -> dict:
-    """The pairs' median ratio and its 95 % bootstrap interval (``analysis.bootstrap_ratio`` against
-    ones, without its launch counts: these are pairs)."""
-    out = analysis.bootstrap_ratio([1.0] * len(ratios), ratios)
+    """The pairs' median ratio and its 95 % bootstrap interval."""
+    return pairs_over([1.0] * len(ratios), ratios)
+
+
+def pairs_over(base: list[float], ratios: list[float]) -> dict:
+    """``ratios``' median over ``base``'s, resampling both (``analysis.bootstrap_ratio`` without its
+    launch counts: these are pairs)."""
+    out = analysis.bootstrap_ratio(base, ratios)
     out.pop("launches", None)
     return out
 

@@ -394,10 +394,83 @@ def test_window_tokens_spreads_each_request_evenly_over_its_interval():
     assert device.window_tokens(done, -5, 5) == pytest.approx(210)  # a zero-length request adds nothing
 
 
+def test_chunk_tokens_reads_the_streamed_count_or_counts_chunks():
+    sys.path.insert(0, str(GPU))
+    import device
+
+    line = b'data: {"text": " fox", "meta_info": {"id": "a1", "prompt_tokens": 9, "completion_tokens": 17, "cached_tokens": 0}}'
+    assert device.chunk_tokens(line, 3) == 17
+    assert device.chunk_tokens(b'data: {"text": " fox"}', 3) == 3
+
+
+def test_stream_tokens_counts_only_what_arrived_in_the_window():
+    sys.path.insert(0, str(GPU))
+    import device
+
+    times, totals = [float("-inf"), 0.5, 1.0, 1.5, 2.5], [0, 4, 8, 12, 20]
+    assert device.stream_tokens(times, totals, 0.0, 1.0) == 8  # (0, 1]: the chunks at 0.5 and 1.0
+    assert device.stream_tokens(times, totals, 1.0, 2.0) == 4
+    assert device.stream_tokens(times, totals, 2.6, 9.0) == 0
+    assert device.stream_tokens(times, totals, -1.0, 9.0) == 20
+
+
+def simulated_windows(factor: float, settle_s: float = 1.2, window_s: float = 3.0, periods: int = 24,
+                      conc: int = 16, tokens: int = 1024, step_s: float = 0.0019) -> tuple[list, list]:
+    """A steady server's decode steps under alternating states (``settle_s`` + ``window_s`` each,
+    as ab_cross_windows flips), recording every other one with steps ``1 / factor`` as long;
+    ``conc`` workers each sending its next ``tokens``-token request when the last one returns.
+    Returns each window's (recording?, rate from the requests spread, rate as streamed)."""
+    import random
+
+    sys.path.insert(0, str(GPU))
+    import device
+
+    period = settle_s + window_s
+    t, clock = 0.0, [0.0]
+    while t < (periods + 1) * period:  # a period past the last window: every request in it ends
+        t += step_s / (factor if int(t // period) % 2 else 1.0)
+        clock.append(t)
+    rng = random.Random(5)
+    done, stream_t, stream_n = [], [float("-inf")], [0]
+    for w in range(conc):
+        k = rng.randrange(tokens)  # staggered starts
+        while k + tokens + 1 < len(clock):
+            done.append((clock[k], clock[k + tokens], tokens))
+            if w == 0:
+                stream_t += clock[k + 1:k + tokens + 1]
+                stream_n += range(stream_n[-1] + 1, stream_n[-1] + tokens + 1)
+            k += tokens + 1  # one step between requests: the next one's prefill
+    out = []
+    for p in range(2, periods):
+        t0 = p * period + settle_s
+        t1 = t0 + window_s
+        out.append((p % 2 == 1, device.window_tokens(done, t0, t1) / window_s,
+                    device.stream_tokens(stream_t, stream_n, t0, t1) / window_s))
+    return out
+
+
+def test_streamed_rates_read_the_states_speed_where_spread_requests_blur_it():
+    """1,024-token requests (~2 s) across 4.2 s states: a request running across a flip lends the
+    window some of the other state's speed, so spreading each request's tokens over its interval
+    reads ~0.77 of a 1 % difference (the estimator of the calls up to r133); the streamed worker's
+    tokens, counted as they arrive, read the difference itself."""
+    import statistics
+
+    got = simulated_windows(0.99)
+    spread = statistics.mean(r for rec, r, _ in got if rec) / statistics.mean(r for rec, r, _ in got if not rec)
+    streamed = statistics.mean(s for rec, _, s in got if rec) / statistics.mean(s for rec, _, s in got if not rec)
+    assert streamed == pytest.approx(0.99, abs=0.0008)
+    assert 0.991 < spread < 0.994  # the blur: 0.7-0.9 of the difference
+    flat = simulated_windows(1.0)  # no difference: both read none
+    assert {round(r / flat[0][1], 3) for _, r, _ in flat} == {1.0}
+
+
 def test_steady_load_keeps_every_worker_busy_and_times_the_streamed_gaps():
     """Against a local HTTP stand-in for SGLang's /generate (each request takes ~0.1 s, the
-    streamed one sends 5 chunks 20 ms apart): no round barrier, so the rate over a window is
-    workers x tokens / request time, and the streamed worker's gaps are the chunk gaps."""
+    streamed one sends 5 chunks 20 ms apart, two tokens each, as SGLang's server coalesces a
+    stream's queued outputs into one chunk whose ``completion_tokens`` counts them all): no round
+    barrier, so the rate over a window is workers x tokens / request time, the streamed worker's
+    gaps are the chunk gaps, and its streamed rate counts tokens, not chunks."""
     import http.server
     import threading
     import time
@@ -412,9 +485,9 @@ def test_steady_load_keeps_every_worker_busy_and_times_the_streamed_gaps():
             self.send_response(200)
             self.end_headers()
             if body.get("stream"):
-                for _ in range(5):
+                for k in range(5):
                     time.sleep(0.02)
-                    self.wfile.write(b"data: {}\n\n")
+                    self.wfile.write(b'data: {"text": "x", "meta_info": {"completion_tokens": %d}}\n\n' % (2 * k + 2))
                     self.wfile.flush()
                 self.wfile.write(b"data: [DONE]\n\n")
             else:
@@ -440,6 +513,7 @@ def test_steady_load_keeps_every_worker_busy_and_times_the_streamed_gaps():
     assert load.errors == 0
     # 3 plain workers at ~10 tokens / 0.1 s, the streamed one at 10 tokens / 0.1 s.
     assert 250 < load.rate(t0, t1) < 420
+    assert 60 < load.stream_rate(t0, t1) < 120  # 10 tokens a ~0.1 s request: 5 chunks would read ~45
     gaps = load.gaps_in([(t0, t1)])
     assert gaps and 0.015 < sorted(gaps)[len(gaps) // 2] < 0.06
     assert load.gaps_in([]) == []
@@ -615,9 +689,41 @@ def test_pool_reads_a_gzipped_result_as_the_file_itself(tmp_path: Path):
         pool.pool(tmp_path, ["r5:cross"])
 
 
-def pair(x: float) -> list:
-    """One overhead_cross pair of windows whose cross ratio is ``x``."""
-    return [{"a_records": True, "a": 100.0 * x * x, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 100.0}]
+def pair(x: float, streamed: float | None = None) -> list:
+    """One overhead_cross pair of windows whose cross ratio is ``x`` (and ``streamed`` from the
+    streamed rates, where given)."""
+    out = [{"a_records": True, "a": 100.0 * x * x, "b": 100.0}, {"a_records": False, "a": 100.0, "b": 100.0}]
+    if streamed is not None:
+        out[0].update(a_stream=50.0 * streamed * streamed, b_stream=50.0)
+        out[1].update(a_stream=50.0, b_stream=50.0)
+    return out
+
+
+def test_pool_and_the_judge_read_the_streamed_rates_where_a_call_has_them(tmp_path: Path):
+    """r134 on, a call's windows carry both kinds of rate: ``cross`` judges the spread one (as the
+    calls before), ``cross_stream`` the streamed one, each with its own control; pool.py's
+    ``TAG:stream`` and ``TAG:stream_control`` pick them, and a call without them has none."""
+    import device
+    import pool
+    import summarize
+
+    res = {"windows": pair(0.99, 0.985) + pair(0.99, 0.987),
+           "control": {"windows": pair(1.0, 0.999) + pair(1.0, 0.999)}}
+    v = device.cross_judge(res)
+    assert v["cross"]["median_ratio"] == pytest.approx(0.99)
+    assert v["cross_stream"]["median_ratio"] == pytest.approx(0.986) and v["cross_stream"]["pairs"] == 2
+    assert v["over_control_stream"]["median_ratio"] == pytest.approx(0.986 / 0.999)
+    folded = summarize.fold_overhead_cross(dict(res, verdict=v))
+    assert folded["recording_over_paused_streamed"]["median_ratio"] == pytest.approx(0.986)
+    assert folded["over_control_streamed"]["median_ratio"] == pytest.approx(0.986 / 0.999)
+    (tmp_path / "gpu_sglang_r10_overhead_cross.json").write_text(json.dumps(res))
+    (tmp_path / "gpu_sglang_r11_overhead_cross.json").write_text(json.dumps({"windows": pair(0.98)}))
+    got = pool.pool(tmp_path, ["r10:stream"])
+    assert got["median_ratio"] == pytest.approx(0.986) and got["over_control"]["median_ratio"] == pytest.approx(0.986 / 0.999)
+    assert pool.pool(tmp_path, ["r10:stream_control"])["median_ratio"] == pytest.approx(0.999)
+    assert pool.pool(tmp_path, ["r10:cross"])["over_control"]["median_ratio"] == pytest.approx(0.99)
+    assert pool.pool(tmp_path, ["r10:stream", "r11:stream"])["pairs"] == 2  # r11 has no streamed rates
+    assert "over_control" not in pool.pool(tmp_path, ["r10:stream", "r11:cross"])  # two kinds: no one control
 
 
 def test_pool_takes_the_estimators_bias_out_with_each_calls_control(tmp_path: Path):

@@ -24,8 +24,10 @@ Results: ``$OUT/gpu_sglang_<suite>.json`` plus logs. Environment: see ``run.sh``
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -671,12 +673,16 @@ class SteadyLoad:
     how the requests happen to arrive decides the round's time: on the launch-bound tiny server
     ~0.3 s rounds ranged 2,215-9,090 tok/s.) Each request's host interval and token count are
     kept; the tokens of a time window are each request's tokens spread evenly over its interval.
-    Worker 0 streams, and its chunk gaps (with their times) are the step times."""
+    Worker 0 streams, and its chunk gaps (with their times) are the step times; each chunk's
+    token count, summed over its requests, is :meth:`stream_rate`'s clock of the server's steps."""
 
     def __init__(self, srv: Server, conc: int, tokens: int) -> None:
         self.srv, self.conc, self.tokens = srv, conc, tokens
         self.done: list = []  # (t0, t1, tokens)
         self.gaps: list = []  # (t, gap)
+        # Worker 0's chunks: arrival times and its tokens so far, over all its requests.
+        self.stream_t: list = [float("-inf")]
+        self.stream_n: list = [0]
         self.errors = 0
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(conc)]
@@ -684,13 +690,15 @@ class SteadyLoad:
     def _one(self, i: int, n: int) -> int:
         if i:
             return self.srv.generate(f"steady {i} {n} the quick brown fox", self.tokens, True).get("tokens") or 0
-        last, chunks = None, 0
+        last, chunks, base = None, 0, self.stream_n[-1]
         for now, line in self.srv.stream(f"steady {n} stream", self.tokens):
             if line.startswith(b"data: [DONE]"):
                 continue
             if last is not None:
                 self.gaps.append((now, now - last))
             last, chunks = now, chunks + 1
+            self.stream_n.append(base + chunk_tokens(line, chunks))
+            self.stream_t.append(now)
         return self.tokens if chunks else 0
 
     def _worker(self, i: int) -> None:
@@ -719,6 +727,13 @@ class SteadyLoad:
     def rate(self, t0: float, t1: float) -> float:
         """Output tokens per second inside [t0, t1]."""
         return window_tokens(self.done, t0, t1) / (t1 - t0)
+
+    def stream_rate(self, t0: float, t1: float) -> float:
+        """Worker 0's tokens per second inside [t0, t1], from its chunks' arrival times: every
+        decode step gives its request one token, so this counts the server's steps in the window
+        itself. :meth:`rate` spreads each request's tokens over its whole interval, and a request
+        running across a flip lends the window some of the other state's speed (:func:`stream_tokens`)."""
+        return stream_tokens(self.stream_t, self.stream_n, t0, t1) / (t1 - t0)
 
     def gaps_in(self, spans: list) -> list:
         return [g for t, g in self.gaps if any(a <= t <= b for a, b in spans)]
@@ -768,6 +783,24 @@ def window_tokens(done: list, t0: float, t1: float) -> float:
         if hi > lo and b > a:
             total += n * (hi - lo) / (b - a)
     return total
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
+def chunk_tokens(line: bytes, chunks: int) -> int:
+    """The request's tokens so far at one streamed ``data:`` line: its ``completion_tokens``, or
+    the chunks so far where a server leaves that out."""
+    m = _COMPLETION_TOKENS.search(line)
+    return int(m.group(1)) if m else chunks
+
+
+def stream_tokens(times: list, totals: list, t0: float, t1: float) -> int:
+    """Tokens that arrived in (t0, t1]: ``totals[i]`` tokens had arrived by ``times[i]`` (in time
+    order, starting before any window). Unlike :func:`window_tokens`, nothing from outside the window is counted: a window
+    right after a flip measures that state alone (with 1,024-token requests, ~2 s each, spreading
+    reads ~0.77 of a speed difference between alternating 4.2 s states; tests/test_gpu_sglang_build.py)."""
+    return totals[bisect.bisect_right(times, t1) - 1] - totals[bisect.bisect_right(times, t0) - 1]
 
 
 def measure_window(meters: list, window_s: float) -> tuple[float, float, list[dict]]:
@@ -1157,7 +1190,8 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
         for s in (a, b):
             loads[s.name].stop()
             pause.set_recording(pids[s.name], True, s.pause_dir)
-    rates = [{"a_records": r, "a": loads[a.name].rate(t0, t1), "b": loads[b.name].rate(t0, t1)}
+    rates = [{"a_records": r, "a": loads[a.name].rate(t0, t1), "b": loads[b.name].rate(t0, t1),
+              "a_stream": loads[a.name].stream_rate(t0, t1), "b_stream": loads[b.name].stream_rate(t0, t1)}
              for r, t0, t1 in windows]
     head, rates, cpu = first_pair_apart(rates, cpu, first_apart, per_window=2)
     first = head and {"windows": head[0], "cores_busy": head[1], "ratio": (cross_ratios(head[0]) or [None])[0]}
@@ -1165,7 +1199,7 @@ def ab_cross_windows(a: Server, b: Server, pairs: int, conc: int, tokens: int, w
         log(f"cross first pair (not judged): -> {first['ratio']}")
     for i, (x, y) in enumerate(cross_pairs(rates)):
         log(f"cross pair {i}: a {x['a']:.0f}/{y['a']:.0f} b {x['b']:.0f}/{y['b']:.0f} tok/s "
-            f"-> {cross_ratios([x, y])[0]:.4f}")
+            f"-> {(cross_ratios([x, y]) or [0])[0]:.4f}, streamed {(cross_ratios([x, y], STREAM) or [0])[0]:.4f}")
     return {"servers": [a.name, b.name], "flip": flip, "settle_s": settle_s, "windows": rates, "first_pair": first,
             "cores_busy": cpu,
             "load": "steady, both servers",
@@ -1178,35 +1212,45 @@ def cross_pairs(rates: list) -> list[tuple[dict, dict]]:
             for j in range(0, len(rates) - 1, 2)]
 
 
-def cross_ratios(rates: list) -> list[float]:
+# Which of a window's rates the cross estimator reads: ``REQUESTS``, every request's tokens spread
+# over its interval (:meth:`SteadyLoad.rate`, the calls up to r134); ``STREAM``, worker 0's tokens as
+# they arrived (:meth:`SteadyLoad.stream_rate`, r134 on), which the other state does not leak into.
+REQUESTS, STREAM = "", "_stream"
+
+
+def cross_ratios(rates: list, by: str = REQUESTS) -> list[float]:
     """Recording/paused per pair of :func:`ab_cross_windows`' windows: the square root of
-    ``(a_X / b_X) / (a_Y / b_Y)``."""
+    ``(a_X / b_X) / (a_Y / b_Y)``, from the rates ``by`` names (none for windows without them)."""
     out = []
+    a, b = "a" + by, "b" + by
     for x, y in cross_pairs(rates):
-        if x["b"] and y["a"] and x["a"] and y["b"]:
-            out.append(((x["a"] / x["b"]) / (y["a"] / y["b"])) ** 0.5)
+        if x.get(b) and y.get(a) and x.get(a) and y.get(b):
+            out.append(((x[a] / x[b]) / (y[a] / y[b])) ** 0.5)
     return out
 
 
-def over_control(res: dict) -> Optional[dict]:
+def over_control(res: dict, by: str = REQUESTS) -> Optional[dict]:
     """The cross pairs' median over the control pairs' (``res["control"]``), resampling both,
     which takes out what the estimator reads with nothing recorded on that host; None without
     both."""
-    r = cross_ratios(res.get("windows") or [])
-    control = cross_ratios((res.get("control") or {}).get("windows") or [])
+    r = cross_ratios(res.get("windows") or [], by)
+    control = cross_ratios((res.get("control") or {}).get("windows") or [], by)
     return analysis.bootstrap_ratio(control, r) if r and control else None
 
 
 def cross_judge(res: dict) -> dict:
-    """The cross estimator, and each server's own recording/paused pairs from the same windows
-    (what a one-server A/B would have read) for comparison of spread; :func:`over_control` where
-    the call ran a control."""
+    """The cross estimator from both kinds of rate (``cross``: requests spread, ``cross_stream``:
+    as streamed, the one to judge by where a call has it), and each server's own recording/paused
+    pairs from the same windows (what a one-server A/B would have read) for comparison of spread;
+    :func:`over_control` where the call ran a control."""
     rates = res.get("windows") or []
-    r = cross_ratios(rates)
-    out: dict = {"cross": dict(analysis.bootstrap_ratio([1.0] * len(r), r), pairs=len(r)) if r else None}
-    judged = over_control(res)
-    if judged is not None:
-        out["over_control"] = judged
+    out: dict = {}
+    for by in (REQUESTS, STREAM):
+        r = cross_ratios(rates, by)
+        out["cross" + by] = dict(analysis.bootstrap_ratio([1.0] * len(r), r), pairs=len(r)) if r else None
+        judged = over_control(res, by)
+        if judged is not None:
+            out["over_control" + by] = judged
     for side, records in (("a", True), ("b", False)):
         own = []
         for x, y in cross_pairs(rates):

@@ -10,7 +10,10 @@ servers running the same in-process code are pooled across calls::
 ``gpu_sglang_r37_probe_overhead_cross.json``): kinds measured on different server pairs, whose
 medians differ by more than one call's interval even for the same code (run h200-14).
 ``TAG:control`` takes the pairs of that call's control (``--control-pairs``: neither server
-records, the windows labelled as if they flipped). Where every pick is ``cross`` and some call
+records, the windows labelled as if they flipped). ``TAG:stream`` and ``TAG:stream_control`` are
+the same from the windows' streamed rates (r134 on: counted as they arrived, which a request
+running across a flip does not blur; see ``device.stream_tokens``). Where every pick is ``cross``
+(or every pick ``stream``) and some call
 has a control, the output adds the controls pooled (``control``: the estimator's own bias, with
 ``control_from``, the calls it came from) and ``over_control``: every recording pair's median over
 the control pairs' median, resampling both, which takes out a bias the estimator has on that host.
@@ -58,14 +61,20 @@ def cross_result(results: Path, tag: str) -> dict:
     return load_result(results / f"gpu_sglang_{tag}_overhead_cross.json")
 
 
+# The overhead_cross picks: their pairs or their control's, from either kind of window rate
+# (``device.REQUESTS`` or ``device.STREAM``).
+CROSS = {"cross": ("", False), "control": ("", True), "stream": ("_stream", False), "stream_control": ("_stream", True)}
+
+
 def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
-    if server in ("cross", "control"):
+    if server in CROSS:
         import device
 
+        by, control = CROSS[server]
         res = cross_result(results, tag)
-        if server == "control":
+        if control:
             res = res.get("control") or {}
-        return device.cross_ratios(res.get("windows") or [])
+        return device.cross_ratios(res.get("windows") or [], by)
     windows = load_result(results / f"gpu_sglang_{tag}_overhead_ab.json")["windows"][server]
     return analysis.pair_ratios(windows)
 
@@ -77,8 +86,10 @@ def pool(results: Path, picks: list[str], over: list[str] | None = None) -> dict
     every = [r for g in groups.values() for r in g]
     out = {**median_of(every), "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
            "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
-    if all(pick.endswith(":cross") for pick in picks):
-        controls = {pick: pair_ratios(results, pick.partition(":")[0], "control") for pick in picks}
+    kinds = {pick.partition(":")[2] for pick in picks}
+    if kinds in ({"cross"}, {"stream"}):
+        control = "control" if kinds == {"cross"} else "stream_control"
+        controls = {pick: pair_ratios(results, pick.partition(":")[0], control) for pick in picks}
         pooled = [r for g in controls.values() for r in g]
         if pooled:
             out["control"] = {**median_of(pooled), "pairs": len(pooled),

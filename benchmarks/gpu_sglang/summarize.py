@@ -119,6 +119,10 @@ def fold_overhead_cross(res: dict) -> dict:
            "recording_over_paused": v.get("cross"),
            "one_server": {side: v.get(f"one_server_{side}") for side in ("a", "b")},
            "control": (v.get("control") or {}).get("cross"), "over_control": over_control,
+           # r134 on: the same windows' rates as streamed (device.STREAM), the ones to judge by.
+           **{k + "_streamed": x for k, x in (("recording_over_paused", v.get("cross_stream")),
+                                                ("control", (v.get("control") or {}).get("cross_stream")),
+                                                ("over_control", v.get("over_control_stream"))) if x},
            "received_spans": _probe_names(v.get("received_spans")),
            "decode_spans_in_trace_dirs": v.get("decode_spans_in_trace_dirs")}
     if (res.get("first_pair") or {}).get("ratio") is not None:  # warm-up, not judged (h200-14 on)

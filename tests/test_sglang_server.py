@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -117,14 +118,37 @@ def probed_run(request, sglang_venvs, tiny_model, tmp_path_factory) -> Run:
     return run
 
 
+class Baseline(dict):
+    """Output ids by version, and ``streamed``: by version, the ``data:`` lines of one streamed
+    request sent by the GPU benchmark's own client (``benchmarks/gpu_sglang/device.py``)."""
+
+    streamed: dict[str, list[bytes]]
+
+
+STREAM_TOKENS = 12
+
+
+def gpu_device():
+    """The GPU benchmark's driver module (``benchmarks/gpu_sglang/device.py``), for its client."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sglang"))
+    import device
+
+    return device
+
+
 @pytest.fixture(scope="session")
-def baseline_outputs(sglang_venvs, tiny_model, tmp_path_factory) -> dict[str, list]:
-    out = {}
+def baseline_outputs(sglang_venvs, tiny_model, tmp_path_factory) -> Baseline:
+    device = gpu_device()
+    out = Baseline()
+    out.streamed = {}
     for version, case in CASES.items():
         tmp = tmp_path_factory.mktemp(f"baseline-{version}")
         with SGLangServer(sglang_venvs[version], tiny_model, tp=case["tp"], extra_args=ARGS,
                           env={"SGL_PROBE": "0"}, log_path=tmp / "server.log") as server:
             out[version] = [output_ids(r) for r in send_load(server)]
+            client = object.__new__(device.Server)
+            client.port = server.port
+            out.streamed[version] = [line for _, line in client.stream("a streamed count", STREAM_TOKENS)]
             log = server.log_text()
         assert "sgl-probe" not in log, "SGL_PROBE=0 must keep the probe out entirely"
     return out
@@ -255,6 +279,19 @@ def test_summary_line_in_server_log(probed_run: Run):
 def test_generated_tokens_identical_without_probe(probed_run: Run, baseline_outputs):
     with_probe = [output_ids(r) for r in probed_run.responses]
     assert with_probe == baseline_outputs[probed_run.version]
+
+
+def test_streamed_chunks_carry_the_count_the_gpu_benchmark_clocks_steps_by(baseline_outputs):
+    """The GPU benchmark counts a window's decode steps from one streamed request's chunks
+    (``device.stream_tokens``): each chunk's ``completion_tokens``, which the real server sends in
+    every chunk and sums where it coalesces queued outputs. Every chunk carries it, it never goes
+    back, and the last equals the tokens asked for."""
+    device = gpu_device()
+    for version, lines in baseline_outputs.streamed.items():
+        data = [line for line in lines if not line.startswith(b"data: [DONE]")]
+        counts = [device.chunk_tokens(line, 0) for line in data]  # 0: a chunk without the count
+        assert data and 0 not in counts, (version, lines[:3])
+        assert counts == sorted(counts) and counts[-1] == STREAM_TOKENS, (version, counts)
 
 
 @pytest.mark.parametrize("version", list(CASES))

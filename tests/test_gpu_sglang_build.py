@@ -700,7 +700,7 @@ def pair(x: float, streamed: float | None = None) -> list:
 
 
 def test_pool_and_the_judge_read_the_streamed_rates_where_a_call_has_them(tmp_path: Path):
-    """r134 on, a call's windows carry both kinds of rate: ``cross`` judges the spread one (as the
+    """After r133, a call's windows carry both kinds of rate: ``cross`` judges the spread one (as the
     calls before), ``cross_stream`` the streamed one, each with its own control; pool.py's
     ``TAG:stream`` and ``TAG:stream_control`` pick them, and a call without them has none."""
     import device

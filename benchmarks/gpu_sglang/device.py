@@ -797,9 +797,10 @@ def chunk_tokens(line: bytes, chunks: int) -> int:
 
 def stream_tokens(times: list, totals: list, t0: float, t1: float) -> int:
     """Tokens that arrived in (t0, t1]: ``totals[i]`` tokens had arrived by ``times[i]`` (in time
-    order, starting before any window). Unlike :func:`window_tokens`, nothing from outside the window is counted: a window
-    right after a flip measures that state alone (with 1,024-token requests, ~2 s each, spreading
-    reads ~0.77 of a speed difference between alternating 4.2 s states; tests/test_gpu_sglang_build.py)."""
+    order, starting before any window). Unlike :func:`window_tokens`, nothing from outside the
+    window is counted, so a window right after a flip measures that state alone (spreading
+    1,024-token requests of ~2 s reads ~0.77 of a speed difference between alternating 4.2 s
+    states; tests/test_gpu_sglang_build.py)."""
     return totals[bisect.bisect_right(times, t1) - 1] - totals[bisect.bisect_right(times, t0) - 1]
 
 
@@ -1213,8 +1214,8 @@ def cross_pairs(rates: list) -> list[tuple[dict, dict]]:
 
 
 # Which of a window's rates the cross estimator reads: ``REQUESTS``, every request's tokens spread
-# over its interval (:meth:`SteadyLoad.rate`, the calls up to r134); ``STREAM``, worker 0's tokens as
-# they arrived (:meth:`SteadyLoad.stream_rate`, r134 on), which the other state does not leak into.
+# over its interval (:meth:`SteadyLoad.rate`, the calls up to r133); ``STREAM``, worker 0's tokens as
+# they arrived (:meth:`SteadyLoad.stream_rate`, the calls after), which the other state does not leak into.
 REQUESTS, STREAM = "", "_stream"
 
 

@@ -11,7 +11,7 @@ servers running the same in-process code are pooled across calls::
 medians differ by more than one call's interval even for the same code (run h200-14).
 ``TAG:control`` takes the pairs of that call's control (``--control-pairs``: neither server
 records, the windows labelled as if they flipped). ``TAG:stream`` and ``TAG:stream_control`` are
-the same from the windows' streamed rates (r134 on: counted as they arrived, which a request
+the same from the windows' streamed rates (calls after r133: counted as they arrived, which a request
 running across a flip does not blur; see ``device.stream_tokens``). Where every pick is ``cross``
 (or every pick ``stream``) and some call
 has a control, the output adds the controls pooled (``control``: the estimator's own bias, with

@@ -119,7 +119,7 @@ def fold_overhead_cross(res: dict) -> dict:
            "recording_over_paused": v.get("cross"),
            "one_server": {side: v.get(f"one_server_{side}") for side in ("a", "b")},
            "control": (v.get("control") or {}).get("cross"), "over_control": over_control,
-           # r134 on: the same windows' rates as streamed (device.STREAM), the ones to judge by.
+           # Calls after r133: the same windows' rates as streamed (device.STREAM), the ones to judge by.
            **{k + "_streamed": x for k, x in (("recording_over_paused", v.get("cross_stream")),
                                                 ("control", (v.get("control") or {}).get("cross_stream")),
                                                 ("over_control", v.get("over_control_stream"))) if x},

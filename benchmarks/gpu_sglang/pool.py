@@ -61,9 +61,10 @@ def cross_result(results: Path, tag: str) -> dict:
     return load_result(results / f"gpu_sglang_{tag}_overhead_cross.json")
 
 
-# The overhead_cross picks: their pairs or their control's, from either kind of window rate
-# (``device.REQUESTS`` or ``device.STREAM``).
-CROSS = {"cross": ("", False), "control": ("", True), "stream": ("_stream", False), "stream_control": ("_stream", True)}
+# The overhead_cross picks: the window rate each reads (``device.REQUESTS`` or ``device.STREAM``) and
+# the pick of its control, None for a control itself.
+CROSS = {"cross": ("", "control"), "control": ("", None), "stream": ("_stream", "stream_control"),
+         "stream_control": ("_stream", None)}
 
 
 def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
@@ -72,7 +73,7 @@ def pair_ratios(results: Path, tag: str, server: str) -> list[float]:
 
         by, control = CROSS[server]
         res = cross_result(results, tag)
-        if control:
+        if control is None:
             res = res.get("control") or {}
         return device.cross_ratios(res.get("windows") or [], by)
     windows = load_result(results / f"gpu_sglang_{tag}_overhead_ab.json")["windows"][server]
@@ -87,8 +88,8 @@ def pool(results: Path, picks: list[str], over: list[str] | None = None) -> dict
     out = {**median_of(every), "ci95_by_server": by_server_ci([g for g in groups.values() if g]), "pairs": len(every),
            "pairs_by_server": {pick: len(g) for pick, g in groups.items()}}
     kinds = {pick.partition(":")[2] for pick in picks}
-    if kinds in ({"cross"}, {"stream"}):
-        control = "control" if kinds == {"cross"} else "stream_control"
+    control = CROSS.get(kinds.pop(), (None, None))[1] if len(kinds) == 1 else None
+    if control is not None:
         controls = {pick: pair_ratios(results, pick.partition(":")[0], control) for pick in picks}
         pooled = [r for g in controls.values() for r in g]
         if pooled:
